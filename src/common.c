@@ -1,0 +1,50 @@
+#include "common.h"
+
+#include <stdarg.h>
+#include <string.h>
+#include <time.h>
+
+int err_set(ditto_err *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "ditto: out of memory (%zu bytes)\n", n);
+        abort();
+    }
+    return p;
+}
+
+void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        fprintf(stderr, "ditto: out of memory (%zu x %zu bytes)\n", n, size);
+        abort();
+    }
+    return p;
+}
+
+void *xaligned(size_t n) {
+    size_t r = (n + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, r ? r : 64);
+    if (!p) {
+        fprintf(stderr, "ditto: out of memory (%zu bytes)\n", n);
+        abort();
+    }
+    memset(p, 0, r ? r : 64);
+    return p;
+}
+
+double time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

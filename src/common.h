@@ -1,0 +1,41 @@
+/* common.h — status type, always-on asserts, small helpers shared by every module. */
+#ifndef DITTO_COMMON_H
+#define DITTO_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* A status for untrusted-input paths: functions return 0 on success or -1 after
+ * filling err->msg with a message that names the offending field and value. */
+typedef struct ditto_err {
+    char msg[512];
+} ditto_err;
+
+/* Formats into err (if non-NULL) and returns -1, so callers can `return err_set(...)`. */
+int err_set(ditto_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Internal invariant: stays on in release builds. */
+#define DT_ASSERT(cond)                                                                  \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "ditto: assertion failed: %s (%s:%d)\n", #cond, __FILE__,    \
+                    __LINE__);                                                           \
+            abort();                                                                     \
+        }                                                                                \
+    } while (0)
+
+/* malloc/calloc that abort on exhaustion (sizes here are never attacker-controlled
+ * without prior validation). */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+/* 64-byte aligned allocation, zeroed; free with free(). */
+void *xaligned(size_t n);
+
+double time_now(void); /* monotonic seconds */
+
+#define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define DT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif
