@@ -1,0 +1,40 @@
+/* backend.h — the compute backend vtable. Its unit is the batch: one call runs
+ * one forward step over rows of (token, position, slot); prefill chunks and
+ * decode rows of many streams mix freely. */
+#ifndef DITTO_BACKEND_H
+#define DITTO_BACKEND_H
+
+#include <stdint.h>
+
+#include "common.h"
+#include "kv.h"
+#include "model.h"
+
+typedef struct engine_batch {
+    int n;                      /* rows */
+    const int32_t *token;       /* [n] token ids */
+    const int32_t *pos;         /* [n] absolute positions */
+    const int32_t *slot;        /* [n] KV slots; a slot's rows hold consecutive positions */
+    const uint8_t *want_logits; /* [n] nonzero: return this row's logits */
+} engine_batch;
+
+typedef struct backend_opts {
+    int n_threads;
+    int max_rows;   /* most rows one forward call may carry */
+    int cpu_level;  /* CPU kernels: -1 = best detected (enum cpu_level otherwise) */
+} backend_opts;
+
+typedef struct backend_ops {
+    const char *name;
+    int (*create)(void **state, const model *m, kv_arena *kv, const backend_opts *o, ditto_err *err);
+    /* Writes K/V for every row into kv, then one logits row of n_vocab floats per
+     * want_logits row, in batch order. The batch is already validated. */
+    void (*forward)(void *state, const engine_batch *b, float *logits);
+    /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
+    const char *(*describe)(void *state);
+    void (*destroy)(void *state);
+} backend_ops;
+
+extern const backend_ops cpu_backend_ops;
+
+#endif

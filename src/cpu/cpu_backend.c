@@ -1,0 +1,593 @@
+/* cpu_backend.c — the CPU forward pass over a batch (qwen3moe / qwen3).
+ *
+ * Every row's arithmetic follows docs/arithmetic.md and depends only on that
+ * row's token, position and KV contents: work is split over output rows,
+ * tokens, heads and expert pairs, never over a reduction, so batch company and
+ * thread count cannot change a bit. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend.h"
+#if __has_include("cpu/cpu_quant.h")
+#include "cpu/cpu_quant.h"
+#else /* TEMP until the SIMD dispatch lands */
+static inline int cpu_level_detect(void) { return 0; }
+static inline const char *cpu_level_name(int l) { (void)l; return "generic"; }
+static inline quant_gemm_fn cpu_quant_gemm(uint32_t t, int l) { (void)l; return quant_traits_of(t)->gemm; }
+static inline void cpu_quant_act_row(enum quant_act a, const float *x, void *d, int64_t k, int l) { (void)l; quant_act_row(a, x, d, k); }
+#endif
+#include "mathx.h"
+#include "pool.h"
+#include "quant.h"
+
+#define ATTN_CHUNK 64  /* attention key chunk, in absolute positions (multiple of 32) */
+#define GEMM_UNIT 16   /* rows per work unit */
+#define MAX_JOBS 1024
+
+typedef struct gemm_job {
+    quant_gemm_fn fn;
+    const void *w;
+    size_t row_bytes;
+    int rows, k;
+    const void *act;
+    size_t act_bytes;
+    int n_tok;
+    float *out;
+    size_t out_stride;
+} gemm_job;
+
+/* Activations of one input width in every format a weight may ask for. */
+typedef struct act_set {
+    int width;
+    float *f32;       /* [rows][width] (points at the source) */
+    uint8_t *q32;     /* [rows][width/32 blocks] */
+    uint8_t *q256;    /* [rows][width/256 blocks] (NULL if width % 256) */
+    size_t b32, b256; /* bytes per row */
+} act_set;
+
+typedef struct cpu_state {
+    const model *m;
+    kv_arena *kv;
+    pool *pool;
+    int nth, max_rows, level;
+    char desc[96];
+    quant_gemm_fn gemm[QT_COUNT];
+    float *rope_cos, *rope_sin; /* [ctx][head_dim/2] */
+    float attn_scale;
+    /* scratch, sized for max_rows rows */
+    float *x, *xn, *q, *k, *v, *att, *tmp;  /* [R][...] */
+    act_set a_embd, a_att, a_ff;            /* inputs of width n_embd, n_head*hd, ffn */
+    float *router;                          /* [R][n_expert] */
+    int32_t *sel;                           /* [R][n_used] expert ids by rank */
+    float *selw;                            /* [R][n_used] weights */
+    int32_t *pair_row, *pair_of;            /* pair p -> row; (row, rank) -> pair */
+    int *exp_cnt, *exp_off;                 /* per expert */
+    uint8_t *xg;                            /* [P][act bytes] gathered expert inputs */
+    float *g, *u, *h, *y;                   /* [P][ffn] / [P][n_embd] */
+    float *scores;                          /* [nth][ctx] */
+    float *oc, *oacc;                       /* [nth][head_dim] */
+    int ffn;                                /* n_ff_exp or n_ff */
+    int n_pairs_max;
+    gemm_job jobs[MAX_JOBS];
+    int n_jobs;
+} cpu_state;
+
+/* ---- activation sets ----------------------------------------------------------- */
+
+static void act_set_init(act_set *a, int width, int rows) {
+    a->width = width;
+    a->b32 = width % QK32 == 0 ? quant_act_bytes(QA_Q8_32, width) : 0;
+    a->b256 = width % QK_K == 0 ? quant_act_bytes(QA_Q8_256, width) : 0;
+    a->q32 = a->b32 ? xaligned(a->b32 * (size_t)rows) : NULL;
+    a->q256 = a->b256 ? xaligned(a->b256 * (size_t)rows) : NULL;
+}
+static void act_set_free(act_set *a) {
+    free(a->q32);
+    free(a->q256);
+}
+
+/* Quantizes row r of src (width floats) into every format in mask (bit = enum quant_act). */
+static void act_row(const cpu_state *st, act_set *a, const float *src, int r, unsigned mask) {
+    if ((mask & (1u << QA_Q8_32)) && a->q32)
+        cpu_quant_act_row(QA_Q8_32, src, a->q32 + (size_t)r * a->b32, a->width, st->level);
+    if ((mask & (1u << QA_Q8_256)) && a->q256)
+        cpu_quant_act_row(QA_Q8_256, src, a->q256 + (size_t)r * a->b256, a->width, st->level);
+}
+
+static unsigned act_mask(const model_weight *w) { return 1u << quant_traits_of(w->type)->act; }
+
+/* Pointer and row stride of the activations weight w reads. */
+static const void *act_for(const act_set *a, const model_weight *w, size_t *bytes) {
+    switch (quant_traits_of(w->type)->act) {
+    case QA_Q8_32: *bytes = a->b32; return a->q32;
+    case QA_Q8_256: *bytes = a->b256; return a->q256;
+    default: *bytes = (size_t)a->width * sizeof(float); return a->f32;
+    }
+}
+
+/* ---- gemm jobs: all rows of all queued jobs split over threads ------------------------ */
+
+static void job_add(cpu_state *st, const model_weight *w, int mat, const void *act, size_t act_bytes,
+                    int n_tok, float *out, size_t out_stride) {
+    DT_ASSERT(st->n_jobs < MAX_JOBS);
+    gemm_job *j = &st->jobs[st->n_jobs++];
+    j->fn = st->gemm[w->type];
+    j->w = (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+    j->row_bytes = w->row_bytes;
+    j->rows = w->rows;
+    j->k = w->cols;
+    j->act = act;
+    j->act_bytes = act_bytes;
+    j->n_tok = n_tok;
+    j->out = out;
+    j->out_stride = out_stride;
+}
+
+static void jobs_task(void *ctx, int ith, int nth) {
+    cpu_state *st = ctx;
+    int total = 0;
+    for (int i = 0; i < st->n_jobs; i++) total += (st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT;
+    int u0, u1;
+    pool_split(total, 1, ith, nth, &u0, &u1);
+    int base = 0;
+    for (int i = 0; i < st->n_jobs && base < u1; i++) {
+        const gemm_job *j = &st->jobs[i];
+        int units = (j->rows + GEMM_UNIT - 1) / GEMM_UNIT;
+        int a = DT_MAX(u0, base) - base, b = DT_MIN(u1, base + units) - base;
+        if (a < b)
+            j->fn(j->w, j->row_bytes, a * GEMM_UNIT, DT_MIN(b * GEMM_UNIT, j->rows), j->k, j->act, j->act_bytes,
+                  j->n_tok, j->out, j->out_stride);
+        base += units;
+    }
+}
+
+static void jobs_run(cpu_state *st) {
+    if (st->n_jobs) pool_run(st->pool, jobs_task, st);
+    st->n_jobs = 0;
+}
+
+/* ---- per-row tasks ----------------------------------------------------------------- */
+
+typedef struct step_ctx {
+    cpu_state *st;
+    const engine_batch *b;
+    int layer;
+    const model_weight *w0, *w1, *w2; /* weights whose activation formats are needed */
+    const float *norm;
+    int n_out;
+    const int32_t *out_rows;
+} step_ctx;
+
+static unsigned mask3(const step_ctx *c) {
+    unsigned m = 0;
+    if (c->w0) m |= act_mask(c->w0);
+    if (c->w1) m |= act_mask(c->w1);
+    if (c->w2) m |= act_mask(c->w2);
+    return m;
+}
+
+/* xn = rmsnorm(x) and its quantized forms, rows split over threads. */
+static void norm_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    int E = st->m->hp.n_embd, r0, r1;
+    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    unsigned mask = mask3(c);
+    for (int r = r0; r < r1; r++) {
+        float *xn = st->xn + (size_t)r * E;
+        mathx_rmsnorm(xn, st->x + (size_t)r * E, c->norm, E, st->m->hp.rms_eps);
+        act_row(st, &st->a_embd, xn, r, mask);
+    }
+}
+
+static inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
+static inline fp16_t f2h(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+
+static void rope(float *v, const float *cs, const float *sn, int half) {
+    for (int i = 0; i < half; i++) {
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = (x0 * cs[i]) - (x1 * sn[i]);
+        v[i + half] = (x1 * cs[i]) + (x0 * sn[i]);
+    }
+}
+
+/* Q/K norm + RoPE; K and V stored to the arena as fp16. Items: rows. */
+static void qk_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    const model_hparams *hp = &st->m->hp;
+    const model_layer *L = &st->m->layers[c->layer];
+    int hd = hp->head_dim, half = hd / 2, H = hp->n_head * hd, HKV = hp->n_head_kv * hd, r0, r1;
+    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    for (int r = r0; r < r1; r++) {
+        int pos = c->b->pos[r], slot = c->b->slot[r];
+        const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
+        for (int h = 0; h < hp->n_head; h++) {
+            float *qh = st->q + (size_t)r * H + (size_t)h * hd;
+            mathx_rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
+            rope(qh, cs, sn, half);
+        }
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
+            const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
+            mathx_rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
+            rope(kh, cs, sn, half);
+            fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h) + (size_t)pos * hd;
+            fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
+            for (int d = 0; d < hd; d++) {
+                kd[d] = f2h(kh[d]);
+                vd[d] = f2h(vh[d]);
+            }
+        }
+    }
+}
+
+/* One query head over positions [0, pos]: chunked softmax of the contract. */
+static void attend(const cpu_state *st, const float *qh, const fp16_t *K, const fp16_t *V, int pos, float *out,
+                   float *s, float *oc, float *O) {
+    int hd = st->m->hp.head_dim, n = pos + 1;
+    for (int j = 0; j < n; j++) {
+        const fp16_t *kj = K + (size_t)j * hd;
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d++) acc = fmaf(qh[d], h2f(kj[d]), acc);
+        s[j] = acc * st->attn_scale;
+    }
+    int nc = (n + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    float M = -INFINITY;
+    for (int c = 0; c < nc; c++) {
+        int j1 = DT_MIN(n, (c + 1) * ATTN_CHUNK);
+        for (int j = c * ATTN_CHUNK; j < j1; j++) M = s[j] > M ? s[j] : M;
+    }
+    float Lsum = 0.0f;
+    for (int d = 0; d < hd; d++) O[d] = 0.0f;
+    for (int c = 0; c < nc; c++) {
+        int j0 = c * ATTN_CHUNK, j1 = DT_MIN(n, j0 + ATTN_CHUNK);
+        float m = -INFINITY;
+        for (int j = j0; j < j1; j++) m = s[j] > m ? s[j] : m;
+        for (int j = j0; j < j1; j++) s[j] = mathx_exp(s[j] - m);
+        float l = mathx_sum32(s + j0, j1 - j0);
+        for (int d = 0; d < hd; d++) oc[d] = 0.0f;
+        for (int j = j0; j < j1; j++) {
+            const fp16_t *vj = V + (size_t)j * hd;
+            for (int d = 0; d < hd; d++) oc[d] = fmaf(s[j], h2f(vj[d]), oc[d]);
+        }
+        float w = mathx_exp(m - M);
+        Lsum = fmaf(w, l, Lsum);
+        for (int d = 0; d < hd; d++) O[d] = fmaf(w, oc[d], O[d]);
+    }
+    for (int d = 0; d < hd; d++) out[d] = O[d] / Lsum;
+}
+
+/* Items: (row, head) pairs. */
+static void attn_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    const model_hparams *hp = &st->m->hp;
+    int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv, i0, i1;
+    pool_split(c->b->n * hp->n_head, 1, ith, nth, &i0, &i1);
+    float *s = st->scores + (size_t)ith * st->kv->key.ctx;
+    float *oc = st->oc + (size_t)ith * hd, *O = st->oacc + (size_t)ith * hd;
+    for (int i = i0; i < i1; i++) {
+        int r = i / hp->n_head, h = i % hp->n_head, kvh = h / group;
+        const fp16_t *K = kv_ptr(st->kv, c->b->slot[r], c->layer, 0, kvh);
+        const fp16_t *V = kv_ptr(st->kv, c->b->slot[r], c->layer, 1, kvh);
+        attend(st, st->q + (size_t)r * H + (size_t)h * hd, K, V, c->b->pos[r], st->att + (size_t)r * H + (size_t)h * hd,
+               s, oc, O);
+    }
+    /* quantize this thread's complete rows? rows may straddle threads: done in act_att_task */
+}
+
+static void act_att_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    int H = st->m->hp.n_head * st->m->hp.head_dim, r0, r1;
+    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    for (int r = r0; r < r1; r++) act_row(st, &st->a_att, st->att + (size_t)r * H, r, mask3(c));
+}
+
+/* x += tmp; xn = rmsnorm(x, ffn_norm); quantize; router + top-k. Items: rows. */
+static void ffn_in_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    const model_hparams *hp = &st->m->hp;
+    const model_layer *L = &st->m->layers[c->layer];
+    int E = hp->n_embd, r0, r1;
+    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    unsigned mask = mask3(c);
+    for (int r = r0; r < r1; r++) {
+        float *x = st->x + (size_t)r * E, *t = st->tmp + (size_t)r * E, *xn = st->xn + (size_t)r * E;
+        for (int e = 0; e < E; e++) x[e] = x[e] + t[e];
+        mathx_rmsnorm(xn, x, L->ffn_norm, E, hp->rms_eps);
+        act_row(st, &st->a_embd, xn, r, mask);
+        if (hp->arch != MODEL_ARCH_QWEN3MOE) continue;
+        float *lg = st->router + (size_t)r * hp->n_expert;
+        size_t ab;
+        const uint8_t *act = act_for(&st->a_embd, &L->gate_inp, &ab);
+        st->gemm[L->gate_inp.type](L->gate_inp.data, L->gate_inp.row_bytes, 0, hp->n_expert, E, act + (size_t)r * ab,
+                                   ab, 1, lg, (size_t)hp->n_expert);
+        int32_t *sel = st->sel + (size_t)r * hp->n_expert_used;
+        float *w = st->selw + (size_t)r * hp->n_expert_used;
+        /* top-k by (value desc, index asc) */
+        for (int i = 0; i < hp->n_expert_used; i++) {
+            int best = -1;
+            for (int e = 0; e < hp->n_expert; e++) {
+                bool taken = false;
+                for (int j = 0; j < i; j++) taken |= sel[j] == e;
+                if (taken) continue;
+                if (best < 0 || lg[e] > lg[best]) best = e;
+            }
+            sel[i] = best;
+        }
+        float lmax = lg[sel[0]], sum = 0.0f;
+        for (int i = 0; i < hp->n_expert_used; i++) {
+            w[i] = mathx_exp(lg[sel[i]] - lmax);
+            sum = sum + w[i];
+        }
+        for (int i = 0; i < hp->n_expert_used; i++) w[i] = w[i] / sum;
+    }
+}
+
+/* h = silu(g) * u, quantized for the down projection. Items: pairs. */
+static void swiglu_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    int F = st->ffn, p0, p1;
+    pool_split(c->n_out, 1, ith, nth, &p0, &p1);
+    for (int p = p0; p < p1; p++) {
+        float *g = st->g + (size_t)p * F, *u = st->u + (size_t)p * F, *h = st->h + (size_t)p * F;
+        for (int i = 0; i < F; i++) h[i] = mathx_silu(g[i]) * u[i];
+        act_row(st, &st->a_ff, h, p, mask3(c));
+    }
+}
+
+/* x += sum over ranks of w_i * y_i (fma chain in rank order). Items: rows. */
+static void combine_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    const model_hparams *hp = &st->m->hp;
+    int E = hp->n_embd, r0, r1;
+    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    for (int r = r0; r < r1; r++) {
+        float *x = st->x + (size_t)r * E, *acc = st->tmp + (size_t)r * E;
+        if (hp->arch != MODEL_ARCH_QWEN3MOE) {
+            const float *y = st->y + (size_t)r * E;
+            for (int e = 0; e < E; e++) x[e] = x[e] + y[e];
+            continue;
+        }
+        for (int e = 0; e < E; e++) acc[e] = 0.0f;
+        for (int i = 0; i < hp->n_expert_used; i++) {
+            const float *y = st->y + (size_t)st->pair_of[r * hp->n_expert_used + i] * E;
+            float w = st->selw[r * hp->n_expert_used + i];
+            for (int e = 0; e < E; e++) acc[e] = fmaf(w, y[e], acc[e]);
+        }
+        for (int e = 0; e < E; e++) x[e] = x[e] + acc[e];
+    }
+}
+
+/* Final norm of the rows that want logits, gathered to rows [0, n_out). */
+static void out_norm_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    int E = st->m->hp.n_embd, i0, i1;
+    pool_split(c->n_out, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *xn = st->xn + (size_t)i * E;
+        mathx_rmsnorm(xn, st->x + (size_t)c->out_rows[i] * E, st->m->output_norm, E, st->m->hp.rms_eps);
+        act_row(st, &st->a_embd, xn, i, mask3(c));
+    }
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+/* Groups (row, rank) pairs by expert: pairs of expert e are [exp_off[e], +exp_cnt[e]), rows ascending. */
+static int group_pairs(cpu_state *st, int n) {
+    const model_hparams *hp = &st->m->hp;
+    int K = hp->n_expert_used;
+    memset(st->exp_cnt, 0, sizeof(int) * (size_t)hp->n_expert);
+    for (int i = 0; i < n * K; i++) st->exp_cnt[st->sel[i]]++;
+    int off = 0;
+    for (int e = 0; e < hp->n_expert; e++) {
+        st->exp_off[e] = off;
+        off += st->exp_cnt[e];
+        st->exp_cnt[e] = 0;
+    }
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < K; i++) {
+            int e = st->sel[r * K + i], p = st->exp_off[e] + st->exp_cnt[e]++;
+            st->pair_row[p] = r;
+            st->pair_of[r * K + i] = p;
+        }
+    return n * K;
+}
+
+static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
+    const model_hparams *hp = &st->m->hp;
+    const model_layer *L = &st->m->layers[c->layer];
+    int F = st->ffn, E = hp->n_embd;
+    int P = group_pairs(st, n);
+    size_t ab;
+    const uint8_t *act = act_for(&st->a_embd, &L->gate_exps, &ab);
+    size_t ab_up;
+    const uint8_t *act_up = act_for(&st->a_embd, &L->up_exps, &ab_up);
+    DT_ASSERT(ab == ab_up); /* gate and up share an activation format in every supported file */
+    for (int p = 0; p < P; p++) memcpy(st->xg + (size_t)p * ab, act + (size_t)st->pair_row[p] * ab, ab);
+    (void)act_up;
+    for (int e = 0; e < hp->n_expert; e++) {
+        if (!st->exp_cnt[e]) continue;
+        size_t o = (size_t)st->exp_off[e];
+        job_add(st, &L->gate_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->g + o * F, (size_t)F);
+        job_add(st, &L->up_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->u + o * F, (size_t)F);
+    }
+    jobs_run(st);
+    c->w0 = &L->down_exps;
+    c->w1 = c->w2 = NULL;
+    c->n_out = P;
+    pool_run(st->pool, swiglu_task, c);
+    const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
+    for (int e = 0; e < hp->n_expert; e++) {
+        if (!st->exp_cnt[e]) continue;
+        size_t o = (size_t)st->exp_off[e];
+        job_add(st, &L->down_exps, e, hq + o * ab, ab, st->exp_cnt[e], st->y + o * E, (size_t)E);
+    }
+    jobs_run(st);
+}
+
+static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
+    const model_layer *L = &st->m->layers[c->layer];
+    int F = st->ffn, E = st->m->hp.n_embd;
+    size_t ab;
+    const void *act = act_for(&st->a_embd, &L->ffn_gate, &ab);
+    job_add(st, &L->ffn_gate, 0, act, ab, n, st->g, (size_t)F);
+    act = act_for(&st->a_embd, &L->ffn_up, &ab);
+    job_add(st, &L->ffn_up, 0, act, ab, n, st->u, (size_t)F);
+    jobs_run(st);
+    c->w0 = &L->ffn_down;
+    c->w1 = c->w2 = NULL;
+    c->n_out = n;
+    pool_run(st->pool, swiglu_task, c);
+    act = act_for(&st->a_ff, &L->ffn_down, &ab);
+    job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
+    jobs_run(st);
+}
+
+static void cpu_forward(void *state, const engine_batch *b, float *logits) {
+    cpu_state *st = state;
+    const model *m = st->m;
+    const model_hparams *hp = &m->hp;
+    int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
+    DT_ASSERT(n >= 1 && n <= st->max_rows);
+    for (int r = 0; r < n; r++) model_embed(m, b->token[r], st->x + (size_t)r * E);
+    step_ctx c = {.st = st, .b = b};
+    size_t ab;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        c.layer = l;
+        c.norm = L->attn_norm;
+        c.w0 = &L->wq, c.w1 = &L->wk, c.w2 = &L->wv;
+        pool_run(st->pool, norm_task, &c);
+        const void *act = act_for(&st->a_embd, &L->wq, &ab);
+        job_add(st, &L->wq, 0, act, ab, n, st->q, (size_t)H);
+        act = act_for(&st->a_embd, &L->wk, &ab);
+        job_add(st, &L->wk, 0, act, ab, n, st->k, (size_t)HKV);
+        act = act_for(&st->a_embd, &L->wv, &ab);
+        job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
+        jobs_run(st);
+        pool_run(st->pool, qk_task, &c);
+        pool_run(st->pool, attn_task, &c);
+        c.w0 = &L->wo, c.w1 = c.w2 = NULL;
+        pool_run(st->pool, act_att_task, &c);
+        act = act_for(&st->a_att, &L->wo, &ab);
+        job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
+        jobs_run(st);
+        if (hp->arch == MODEL_ARCH_QWEN3MOE) {
+            c.w0 = &L->gate_exps, c.w1 = &L->up_exps, c.w2 = &L->gate_inp;
+        } else {
+            c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
+        }
+        pool_run(st->pool, ffn_in_task, &c);
+        if (hp->arch == MODEL_ARCH_QWEN3MOE)
+            ffn_moe(st, &c, n);
+        else
+            ffn_dense(st, &c, n);
+        pool_run(st->pool, combine_task, &c);
+    }
+    int32_t out_rows[st->max_rows];
+    int n_out = 0;
+    for (int r = 0; r < n; r++)
+        if (b->want_logits[r]) out_rows[n_out++] = r;
+    if (!n_out) return;
+    c.n_out = n_out;
+    c.out_rows = out_rows;
+    c.w0 = &m->output, c.w1 = c.w2 = NULL;
+    pool_run(st->pool, out_norm_task, &c);
+    const void *act = act_for(&st->a_embd, &m->output, &ab);
+    job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
+    jobs_run(st);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------- */
+
+static int cpu_create(void **state, const model *m, kv_arena *kv, const backend_opts *o, ditto_err *err) {
+    const model_hparams *hp = &m->hp;
+    if (o->n_threads < 1 || o->n_threads > 256) return err_set(err, "threads = %d (must be 1..256)", o->n_threads);
+    if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
+    cpu_state *st = xcalloc(1, sizeof *st);
+    st->m = m;
+    st->kv = kv;
+    st->nth = o->n_threads;
+    st->max_rows = o->max_rows;
+    st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
+    for (uint32_t t = 0; t < QT_COUNT; t++)
+        if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
+    snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s", cpu_level_name(st->level), st->nth,
+             st->nth > 1 ? "s" : "");
+    int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
+    int ctx = kv->key.ctx, half = hd / 2;
+    st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);
+    st->rope_sin = xmalloc(sizeof(float) * (size_t)ctx * half);
+    for (int p = 0; p < ctx; p++)
+        for (int i = 0; i < half; i++) {
+            double freq = pow((double)hp->rope_base, -2.0 * i / (double)hd);
+            double th = (double)p * freq;
+            st->rope_cos[(size_t)p * half + i] = (float)cos(th);
+            st->rope_sin[(size_t)p * half + i] = (float)sin(th);
+        }
+    st->attn_scale = 1.0f / sqrtf((float)hd);
+    st->ffn = hp->arch == MODEL_ARCH_QWEN3MOE ? hp->n_ff_exp : hp->n_ff;
+    int K = hp->arch == MODEL_ARCH_QWEN3MOE ? hp->n_expert_used : 1;
+    int P = R * K, F = st->ffn;
+    st->n_pairs_max = P;
+    st->x = xaligned(sizeof(float) * (size_t)R * E);
+    st->xn = xaligned(sizeof(float) * (size_t)R * E);
+    st->tmp = xaligned(sizeof(float) * (size_t)R * E);
+    st->q = xaligned(sizeof(float) * (size_t)R * H);
+    st->att = xaligned(sizeof(float) * (size_t)R * H);
+    st->k = xaligned(sizeof(float) * (size_t)R * HKV);
+    st->v = xaligned(sizeof(float) * (size_t)R * HKV);
+    act_set_init(&st->a_embd, E, R);
+    st->a_embd.f32 = st->xn;
+    act_set_init(&st->a_att, H, R);
+    st->a_att.f32 = st->att;
+    act_set_init(&st->a_ff, F, P);
+    st->g = xaligned(sizeof(float) * (size_t)P * F);
+    st->u = xaligned(sizeof(float) * (size_t)P * F);
+    st->h = xaligned(sizeof(float) * (size_t)P * F);
+    st->a_ff.f32 = st->h;
+    st->y = xaligned(sizeof(float) * (size_t)P * E);
+    size_t abmax = DT_MAX((size_t)E * sizeof(float), DT_MAX(st->a_embd.b32, st->a_embd.b256));
+    st->xg = xaligned(abmax * (size_t)P);
+    int NE = DT_MAX(hp->n_expert, 1);
+    st->router = xaligned(sizeof(float) * (size_t)R * NE);
+    st->sel = xcalloc((size_t)P, sizeof(int32_t));
+    st->selw = xcalloc((size_t)P, sizeof(float));
+    st->pair_row = xcalloc((size_t)P, sizeof(int32_t));
+    st->pair_of = xcalloc((size_t)P, sizeof(int32_t));
+    st->exp_cnt = xcalloc((size_t)NE, sizeof(int));
+    st->exp_off = xcalloc((size_t)NE, sizeof(int));
+    st->scores = xaligned(sizeof(float) * (size_t)st->nth * ctx);
+    st->oc = xaligned(sizeof(float) * (size_t)st->nth * hd);
+    st->oacc = xaligned(sizeof(float) * (size_t)st->nth * hd);
+    st->pool = pool_create(st->nth);
+    *state = st;
+    return 0;
+}
+
+static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc; }
+
+static void cpu_destroy(void *state) {
+    cpu_state *st = state;
+    if (!st) return;
+    pool_free(st->pool);
+    act_set_free(&st->a_embd);
+    act_set_free(&st->a_att);
+    act_set_free(&st->a_ff);
+    void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
+                    st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
+                    st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
+                    st->scores,   st->oc,       st->oacc};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    free(st);
+}
+
+const backend_ops cpu_backend_ops = {"cpu", cpu_create, cpu_forward, cpu_describe, cpu_destroy};

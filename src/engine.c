@@ -1,0 +1,82 @@
+/* engine.c — session setup and batch validation around the backend. */
+#include "engine.h"
+
+#include <string.h>
+
+void engine_opts_default(engine_opts *o) {
+    o->n_threads = 1;
+    o->max_streams = 1;
+    o->ctx = 4096;
+    o->max_rows = 64;
+    o->cpu_level = -1;
+}
+
+int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) {
+    *out = NULL;
+    if (o->ctx < 1 || o->ctx > (1 << 24)) return err_set(err, "ctx = %d (must be 1..16M)", o->ctx);
+    if (o->max_streams < 1 || o->max_streams > 4096)
+        return err_set(err, "streams = %d (must be 1..4096)", o->max_streams);
+    engine *e = xcalloc(1, sizeof *e);
+    e->m = m;
+    e->opts = *o;
+    kv_key key = {m, o->max_streams, o->ctx, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};
+    if (kv_arena_create(&e->kv, &key, err)) {
+        free(e);
+        return -1;
+    }
+    e->be = &cpu_backend_ops;
+    backend_opts bo = {o->n_threads, o->max_rows, o->cpu_level};
+    if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {
+        kv_arena_free(e->kv);
+        free(e);
+        return -1;
+    }
+    e->logits = xaligned(sizeof(float) * (size_t)o->max_rows * (size_t)m->hp.n_vocab);
+    *out = e;
+    return 0;
+}
+
+void engine_free(engine *e) {
+    if (!e) return;
+    e->be->destroy(e->be_state);
+    kv_arena_free(e->kv);
+    free(e->logits);
+    free(e);
+}
+
+int engine_forward(engine *e, const engine_batch *b, ditto_err *err) {
+    if (b->n < 1 || b->n > e->opts.max_rows)
+        return err_set(err, "batch of %d rows (must be 1..%d)", b->n, e->opts.max_rows);
+    int n_out = 0;
+    int next[b->n]; /* each row's expected position */
+    for (int r = 0; r < b->n; r++) {
+        int s = b->slot[r];
+        if (s < 0 || s >= e->opts.max_streams || !e->kv->used[s])
+            return err_set(err, "batch row %d: slot %d is not an acquired slot", r, s);
+        if (b->token[r] < 0 || b->token[r] >= e->m->hp.n_vocab)
+            return err_set(err, "batch row %d: token id %d outside the vocabulary (0..%d)", r, b->token[r],
+                           e->m->hp.n_vocab - 1);
+        int expect = e->kv->len[s];
+        for (int q = 0; q < r; q++)
+            if (b->slot[q] == s) expect = next[q] + 1;
+        if (b->pos[r] != expect)
+            return err_set(err, "batch row %d: slot %d position %d, expected %d", r, s, b->pos[r], expect);
+        if (b->pos[r] >= e->opts.ctx)
+            return err_set(err, "batch row %d: position %d reaches the context cap %d", r, b->pos[r], e->opts.ctx);
+        next[r] = b->pos[r];
+        n_out += b->want_logits[r] != 0;
+    }
+    e->be->forward(e->be_state, b, e->logits);
+    for (int r = 0; r < b->n; r++) e->kv->len[b->slot[r]] = b->pos[r] + 1;
+    return n_out;
+}
+
+uint64_t engine_hash_floats(const float *x, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    const uint8_t *p = (const uint8_t *)x;
+    for (size_t i = 0; i < n * sizeof(float); i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}

@@ -1,0 +1,43 @@
+/* engine.h — one model session: weights, the KV arena and a backend; runs
+ * forward steps over validated batches. */
+#ifndef DITTO_ENGINE_H
+#define DITTO_ENGINE_H
+
+#include <stdbool.h>
+
+#include "backend.h"
+#include "kv.h"
+#include "model.h"
+
+typedef struct engine_opts {
+    int n_threads;     /* CPU worker threads (>= 1) */
+    int max_streams;   /* KV slots */
+    int ctx;           /* per-slot context cap (positions) */
+    int max_rows;      /* rows per forward step (prefill chunk + decoders) */
+    int cpu_level;     /* -1: best detected */
+} engine_opts;
+
+typedef struct engine {
+    model *m;
+    kv_arena *kv;
+    const backend_ops *be;
+    void *be_state;
+    engine_opts opts;
+    float *logits;     /* [max_rows][n_vocab] */
+} engine;
+
+void engine_opts_default(engine_opts *o);
+/* Builds the arena (key: model, max_streams, geometry) and backend for m (not owned). */
+int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err);
+void engine_free(engine *e);
+
+/* Validates the batch (token ids, slots owned, each slot's rows at consecutive
+ * positions starting at its current length, within ctx), runs it, advances
+ * slot lengths. Returns the number of logits rows (in e->logits, batch order of
+ * want_logits rows), or -1 with err. */
+int engine_forward(engine *e, const engine_batch *b, ditto_err *err);
+
+/* 64-bit FNV-1a over the bytes of n floats (logits hashes). */
+uint64_t engine_hash_floats(const float *x, size_t n);
+
+#endif

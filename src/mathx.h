@@ -1,0 +1,70 @@
+/* mathx.h — the contract's own elementary functions and fixed-order reductions
+ * (docs/arithmetic.md). Scalar reference versions; every SIMD/CUDA flavour must
+ * reproduce them bit for bit. No libm: sqrtf compiles to the IEEE sqrt
+ * instruction (-fno-math-errno), fmaf to the fma instruction (-mfma). */
+#ifndef DITTO_MATHX_H
+#define DITTO_MATHX_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "quant.h"
+
+#define MATHX_EXP_LO (-87.33654f) /* below: exp returns 0 */
+#define MATHX_EXP_HI 88.0f        /* above: exp returns +inf */
+
+/* exp(x): n = rint(x*log2e); r = x - n*ln2 (two fma steps, Cody-Waite);
+ * e^r by a degree-5 polynomial (fma chain) * r^2 + r + 1; times 2^n by exponent bits. */
+static inline float mathx_exp(float x) {
+    if (x != x) return x;
+    if (x < MATHX_EXP_LO) return 0.0f;
+    if (x > MATHX_EXP_HI) return INFINITY;
+    float n = quant_rint(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float z = r * r;
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    float y = fmaf(p, z, r) + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    return y * s;
+}
+
+static inline float mathx_silu(float x) { return x / (1.0f + mathx_exp(-x)); }
+
+/* Fixed butterfly over 32 lanes: +16, +8, +4, +2, +1. */
+static inline float mathx_butterfly32(float *lane) {
+    for (int s = 16; s >= 1; s >>= 1)
+        for (int i = 0; i < s; i++) lane[i] = lane[i] + lane[i + s];
+    return lane[0];
+}
+
+/* Sum of squares in the 32-lane order: lane[e%32] = fma(x_e, x_e, lane). */
+static inline float mathx_sumsq32(const float *x, int n) {
+    float lane[32] = {0};
+    for (int e = 0; e < n; e++) lane[e & 31] = fmaf(x[e], x[e], lane[e & 31]);
+    return mathx_butterfly32(lane);
+}
+
+/* Plain sum in the 32-lane order. */
+static inline float mathx_sum32(const float *x, int n) {
+    float lane[32] = {0};
+    for (int e = 0; e < n; e++) lane[e & 31] = lane[e & 31] + x[e];
+    return mathx_butterfly32(lane);
+}
+
+/* RMSNorm: r = 1/sqrt(ss/n + eps); y = (x*r)*w. y may alias x. */
+static inline void mathx_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = mathx_sumsq32(x, n);
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+}
+
+#endif

@@ -1,0 +1,108 @@
+/* pool.c — persistent workers woken per job by a generation counter; spin a
+ * little before sleeping on a condition variable. */
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "common.h"
+
+struct pool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    atomic_uint gen;      /* incremented per job */
+    atomic_int pending;   /* workers still running the job */
+    bool quit;
+    pool_fn fn;
+    void *ctx;
+};
+
+typedef struct worker_arg {
+    pool *p;
+    int ith;
+} worker_arg;
+
+static void *worker(void *arg) {
+    worker_arg *wa = arg;
+    pool *p = wa->p;
+    int ith = wa->ith;
+    free(wa);
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && spins < 20000) spins++;
+        if (g == seen) {
+            pthread_mutex_lock(&p->mu);
+            while ((g = atomic_load(&p->gen)) == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (p->quit) return NULL;
+        seen = g;
+        p->fn(p->ctx, ith, p->n);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+pool *pool_create(int n_threads) {
+    DT_ASSERT(n_threads >= 1);
+    pool *p = xcalloc(1, sizeof *p);
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv_start, NULL);
+    pthread_cond_init(&p->cv_done, NULL);
+    p->threads = xcalloc((size_t)n_threads, sizeof(pthread_t));
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *wa = xmalloc(sizeof *wa);
+        wa->p = p;
+        wa->ith = i;
+        DT_ASSERT(pthread_create(&p->threads[i], NULL, worker, wa) == 0);
+    }
+    return p;
+}
+
+void pool_free(pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = true;
+    atomic_fetch_add(&p->gen, 1);
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv_start);
+    pthread_cond_destroy(&p->cv_done);
+    free(p->threads);
+    free(p);
+}
+
+int pool_size(const pool *p) { return p->n; }
+
+void pool_run(pool *p, pool_fn fn, void *ctx) {
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->pending, p->n - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv_start);
+    pthread_mutex_unlock(&p->mu);
+    fn(ctx, 0, p->n);
+    int spins = 0;
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && spins < 200000) spins++;
+    if (atomic_load(&p->pending) > 0) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
