@@ -8,7 +8,7 @@ BUILD ?= build$(if $(SANITIZE),-san)
 # kernels live in their own files and are chosen at run time.
 ARCH_FLAGS ?= -mfma -mf16c
 CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -ffp-contract=off -fno-math-errno \
-          -fno-fast-math $(ARCH_FLAGS) -pthread -Isrc $(CFLAGS_EXTRA)
+          -fno-fast-math $(ARCH_FLAGS) -pthread -iquote src $(CFLAGS_EXTRA)
 LDFLAGS := -pthread $(LDFLAGS_EXTRA)
 LIBS := -lpcre2-8 -lutf8proc -lcjson -lm
 ifneq ($(SANITIZE),)
@@ -51,7 +51,7 @@ $(BUILD)/%.o: %.c $(HDRS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libditto.a $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/libditto.a $(LIBS)
+	$(CC) $(CFLAGS) -iquote tests $(LDFLAGS) -o $@ $< $(BUILD)/libditto.a $(LIBS)
 
 tests: $(TEST_BIN) $(BUILD)/ditto
 

@@ -4,6 +4,7 @@
 #ifndef DITTO_BACKEND_H
 #define DITTO_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common.h"
@@ -29,7 +30,9 @@ typedef struct backend_ops {
     int (*create)(void **state, const model *m, kv_arena *kv, const backend_opts *o, ditto_err *err);
     /* Writes K/V for every row into kv, then one logits row of n_vocab floats per
      * want_logits row, in batch order. The batch is already validated. */
-    void (*forward)(void *state, const engine_batch *b, float *logits);
+    /* solo: the batch is one decode row of a lone stream, run on the matrix-vector
+     * path (no expert grouping, no gathers); results are bitwise equal either way. */
+    void (*forward)(void *state, const engine_batch *b, bool solo, float *logits);
     /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
     const char *(*describe)(void *state);
     void (*destroy)(void *state);

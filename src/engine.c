@@ -9,6 +9,7 @@ void engine_opts_default(engine_opts *o) {
     o->ctx = 4096;
     o->max_rows = 64;
     o->cpu_level = -1;
+    o->unify = false;
 }
 
 int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) {
@@ -31,7 +32,8 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
         free(e);
         return -1;
     }
-    e->logits = xaligned(sizeof(float) * (size_t)o->max_rows * (size_t)m->hp.n_vocab);
+    /* calloc: large blocks come as untouched zero pages */
+    e->logits = xcalloc((size_t)o->max_rows * (size_t)m->hp.n_vocab, sizeof(float));
     *out = e;
     return 0;
 }
@@ -66,7 +68,12 @@ int engine_forward(engine *e, const engine_batch *b, ditto_err *err) {
         next[r] = b->pos[r];
         n_out += b->want_logits[r] != 0;
     }
-    e->be->forward(e->be_state, b, e->logits);
+    bool solo = b->n == 1 && !e->opts.unify;
+    e->be->forward(e->be_state, b, solo, e->logits);
+    if (solo)
+        e->n_solo++;
+    else
+        e->n_batched++;
     for (int r = 0; r < b->n; r++) e->kv->len[b->slot[r]] = b->pos[r] + 1;
     return n_out;
 }

@@ -15,6 +15,7 @@ typedef struct engine_opts {
     int ctx;           /* per-slot context cap (positions) */
     int max_rows;      /* rows per forward step (prefill chunk + decoders) */
     int cpu_level;     /* -1: best detected */
+    bool unify;        /* route lone decode rows through the batched path too */
 } engine_opts;
 
 typedef struct engine {
@@ -24,6 +25,7 @@ typedef struct engine {
     void *be_state;
     engine_opts opts;
     float *logits;     /* [max_rows][n_vocab] */
+    uint64_t n_solo, n_batched; /* forward calls per path */
 } engine;
 
 void engine_opts_default(engine_opts *o);

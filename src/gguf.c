@@ -12,6 +12,9 @@
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 #define GGUF_MAX_KEY 65535
+#define GGUF_MAX_KV (1u << 20)        /* real files: a few dozen */
+#define GGUF_MAX_TENSORS (1u << 20)   /* real files: hundreds to a few thousand */
+#define GGUF_MAX_STR_ARRAY (1u << 24) /* string array elements (Qwen3 vocab: 151936) */
 
 typedef struct cursor {
     const uint8_t *p;
@@ -113,9 +116,9 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t idx) {
         return err_set(c->err, "%s: array '%s' is an array of arrays (not allowed)", c->file, kv->key);
     if (kv->arr_type == GGUF_VT_STRING) {
         /* each element needs at least its 8-byte length */
-        if (kv->arr_n > left(c) / 8)
-            return err_set(c->err, "%s: string array '%s' count %llu exceeds the bytes left (%llu)",
-                           c->file, kv->key, (unsigned long long)kv->arr_n, (unsigned long long)left(c));
+        if (kv->arr_n > GGUF_MAX_STR_ARRAY || kv->arr_n > left(c) / 8)
+            return err_set(c->err, "%s: string array '%s' count %llu exceeds the limit (%u) or the bytes left (%llu)",
+                           c->file, kv->key, (unsigned long long)kv->arr_n, GGUF_MAX_STR_ARRAY, (unsigned long long)left(c));
         kv->arr_str_off = xmalloc((size_t)(kv->arr_n ? kv->arr_n : 1) * sizeof(uint64_t));
         for (uint64_t i = 0; i < kv->arr_n; i++) {
             const char *s;
@@ -206,11 +209,11 @@ static int parse(gguf_file *f, ditto_err *err) {
     uint64_t n_tensors, n_kv;
     if (rd_u64(&c, &n_tensors, "tensor count") || rd_u64(&c, &n_kv, "metadata count")) return -1;
     /* smallest kv: 8 (key len) + 1 (key) + 4 (type) + 1 (value); smallest tensor info: 8+1+4+8+4+8 */
-    if (n_kv > left(&c) / 14)
-        return err_set(err, "%s: metadata count %llu is impossible for a file of %llu bytes", f->path,
+    if (n_kv > GGUF_MAX_KV || n_kv > left(&c) / 14)
+        return err_set(err, "%s: metadata count %llu is over the limit or impossible for a file of %llu bytes", f->path,
                        (unsigned long long)n_kv, (unsigned long long)f->size);
-    if (n_tensors > left(&c) / 33)
-        return err_set(err, "%s: tensor count %llu is impossible for a file of %llu bytes", f->path,
+    if (n_tensors > GGUF_MAX_TENSORS || n_tensors > left(&c) / 33)
+        return err_set(err, "%s: tensor count %llu is over the limit or impossible for a file of %llu bytes", f->path,
                        (unsigned long long)n_tensors, (unsigned long long)f->size);
     f->kv = xcalloc((size_t)(n_kv ? n_kv : 1), sizeof(gguf_kv));
     f->n_kv = n_kv;

@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "model.h"
 #include "quant.h"
+#include "synth.h"
 
 #define DEFAULT_MODEL "models/tiny-qwen3moe-q4_k_m.gguf"
 
@@ -15,7 +16,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: ditto <command> [options]\n"
             "  info -m FILE                      architecture, hyperparameters, tensor types, sizes\n"
-            "  run  -m FILE --prompt-ids 1,2,3 [-n N] [--threads T] [--logits-hash] [--dump-logits PATH]\n");
+            "  run  -m FILE --prompt-ids 1,2,3 [-n N] [--threads T] [--logits-hash] [--dump-logits PATH]\n"
+            "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q4_0|q8_0]   random-weight model\n");
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int hi, int *out) {
@@ -223,6 +225,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return synth_cmd(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

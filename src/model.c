@@ -178,6 +178,33 @@ static int load_weights(model *m, ditto_err *err) {
     return 0;
 }
 
+static void add_eog(model *m, int64_t id) {
+    if (id < 0 || id >= m->hp.n_vocab || m->n_eog == 8) return;
+    for (int i = 0; i < m->n_eog; i++)
+        if (m->eog[i] == id) return;
+    m->eog[m->n_eog++] = (int32_t)id;
+}
+
+/* End-of-generation ids from the tokenizer metadata (absent metadata: none). */
+static void find_eog(model *m) {
+    const gguf_file *f = m->gguf;
+    const char *keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"};
+    for (int i = 0; i < 2; i++) {
+        uint32_t id;
+        if (gguf_find_kv(f, keys[i]) && gguf_get_u32(f, keys[i], &id, NULL) == 0) add_eog(m, id);
+    }
+    const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    if (!toks || toks->type != GGUF_VT_ARRAY || toks->arr_type != GGUF_VT_STRING) return;
+    const char *names[] = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>"};
+    for (uint64_t i = 0; i < toks->arr_n && i < (uint64_t)m->hp.n_vocab; i++) {
+        uint64_t len;
+        const char *t = gguf_arr_str(f, toks, i, &len);
+        if (len < 5 || t[0] != '<' || t[1] != '|') continue;
+        for (int k = 0; k < 3; k++)
+            if (len == strlen(names[k]) && memcmp(t, names[k], len) == 0) add_eog(m, (int64_t)i);
+    }
+}
+
 int model_load(model **out, const char *path, ditto_err *err) {
     *out = NULL;
     model *m = xcalloc(1, sizeof *m);
@@ -190,6 +217,7 @@ int model_load(model **out, const char *path, ditto_err *err) {
         return -1;
     }
     if (gguf_find_kv(m->gguf, "general.name")) gguf_get_str(m->gguf, "general.name", &m->name, NULL);
+    find_eog(m);
     *out = m;
     return 0;
 }

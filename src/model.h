@@ -65,6 +65,8 @@ typedef struct model {
     float *output_norm;     /* [n_embd] */
     model_layer *layers;
     uint64_t n_params;
+    int32_t eog[8];         /* end-of-generation token ids (EOS, EOT, <|im_end|>, <|endoftext|>) */
+    int n_eog;
 } model;
 
 /* Opens and validates path. Errors name the file, key or tensor. */

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <immintrin.h>
 
 #include "common.h"
 
@@ -34,7 +35,10 @@ static void *worker(void *arg) {
     for (;;) {
         unsigned g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && spins < 20000) spins++;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && spins < 4000) {
+            _mm_pause();
+            spins++;
+        }
         if (g == seen) {
             pthread_mutex_lock(&p->mu);
             while ((g = atomic_load(&p->gen)) == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
@@ -99,7 +103,10 @@ void pool_run(pool *p, pool_fn fn, void *ctx) {
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
     int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && spins < 200000) spins++;
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && spins < 4000) {
+        _mm_pause();
+        spins++;
+    }
     if (atomic_load(&p->pending) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);

@@ -433,6 +433,29 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     jobs_run(st);
 }
 
+/* One row: each selected expert reads the row's activations in place (matrix-vector). */
+static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
+    const model_hparams *hp = &st->m->hp;
+    const model_layer *L = &st->m->layers[c->layer];
+    int F = st->ffn, E = hp->n_embd, K = hp->n_expert_used;
+    size_t ab;
+    const uint8_t *act = act_for(&st->a_embd, &L->gate_exps, &ab);
+    for (int i = 0; i < K; i++) {
+        st->pair_of[i] = i;
+        job_add(st, &L->gate_exps, st->sel[i], act, ab, 1, st->g + (size_t)i * F, (size_t)F);
+        job_add(st, &L->up_exps, st->sel[i], act, ab, 1, st->u + (size_t)i * F, (size_t)F);
+    }
+    jobs_run(st);
+    c->w0 = &L->down_exps;
+    c->w1 = c->w2 = NULL;
+    c->n_out = K;
+    pool_run(st->pool, swiglu_task, c);
+    const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
+    for (int i = 0; i < K; i++)
+        job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
+    jobs_run(st);
+}
+
 static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     const model_layer *L = &st->m->layers[c->layer];
     int F = st->ffn, E = st->m->hp.n_embd;
@@ -451,7 +474,7 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     jobs_run(st);
 }
 
-static void cpu_forward(void *state, const engine_batch *b, float *logits) {
+static void cpu_forward(void *state, const engine_batch *b, bool solo, float *logits) {
     cpu_state *st = state;
     const model *m = st->m;
     const model_hparams *hp = &m->hp;
@@ -486,7 +509,9 @@ static void cpu_forward(void *state, const engine_batch *b, float *logits) {
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
         pool_run(st->pool, ffn_in_task, &c);
-        if (hp->arch == MODEL_ARCH_QWEN3MOE)
+        if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
+            ffn_moe_solo(st, &c);
+        else if (hp->arch == MODEL_ARCH_QWEN3MOE)
             ffn_moe(st, &c, n);
         else
             ffn_dense(st, &c, n);

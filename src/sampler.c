@@ -1,0 +1,98 @@
+/* sampler.c — greedy / temperature / top-k / top-p / min-p with a counter RNG.
+ *
+ * Order of filters (documented behaviour): candidates are the tokens whose
+ * probability at the given temperature is at least 1e-9 of the top token's
+ * (the rest carry negligible mass); sort by (logit desc, id asc); keep top_k;
+ * keep tokens with p >= min_p * p_max; keep the smallest prefix whose mass
+ * reaches top_p; draw with one uniform number against the cumulative mass. */
+#include "sampler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mathx.h"
+
+void sampler_params_default(sampler_params *p) {
+    p->temperature = 0.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->seed = 0;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+double sampler_uniform(uint64_t seed, int64_t position) {
+    uint64_t h = splitmix64(splitmix64(seed) ^ (uint64_t)position);
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int32_t sampler_argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+typedef struct cand {
+    float logit;
+    int32_t id;
+} cand;
+
+size_t sampler_scratch_bytes(int n_vocab) { return (size_t)n_vocab * sizeof(cand); }
+
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int32_t sampler_sample(const sampler_params *p, const float *logits, int n_vocab, int64_t position, void *scratch) {
+    if (!(p->temperature > 0.0f)) return sampler_argmax(logits, n_vocab);
+    int32_t top = sampler_argmax(logits, n_vocab);
+    float lmax = logits[top], inv_t = 1.0f / p->temperature;
+    cand *c = scratch;
+    int n = 0;
+    /* exp((l - lmax)/T) >= 1e-9  <=>  (l - lmax)/T >= ln(1e-9) */
+    const float cutoff = -20.7232658f;
+    for (int i = 0; i < n_vocab; i++) {
+        float z = (logits[i] - lmax) * inv_t;
+        if (z >= cutoff) c[n++] = (cand){logits[i], i};
+    }
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    /* probabilities relative to the top token, summed in rank order */
+    double total = 0.0;
+    int keep = 0;
+    for (int i = 0; i < n; i++) {
+        float e = mathx_exp((c[i].logit - lmax) * inv_t);
+        if (e < p->min_p) break; /* p_i / p_max < min_p */
+        c[i].logit = e;
+        total += e;
+        keep = i + 1;
+    }
+    if (keep == 0) return top;
+    n = keep;
+    if (p->top_p < 1.0f) {
+        double acc = 0.0, target = (double)p->top_p * total;
+        int k = 0;
+        while (k < n) {
+            acc += c[k].logit;
+            k++;
+            if (acc >= target) break;
+        }
+        n = k;
+        total = acc;
+    }
+    double u = sampler_uniform(p->seed, position) * total, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += c[i].logit;
+        if (u < acc) return c[i].id;
+    }
+    return c[n - 1].id;
+}
