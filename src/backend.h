@@ -33,6 +33,8 @@ typedef struct backend_ops {
     /* solo: the batch is one decode row of a lone stream, run on the matrix-vector
      * path (no expert grouping, no gathers); results are bitwise equal either way. */
     void (*forward)(void *state, const engine_batch *b, bool solo, float *logits);
+    /* Bytes of weights and of KV read by all forward calls so far. */
+    void (*counters)(void *state, uint64_t *weight_bytes, uint64_t *kv_bytes);
     /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
     const char *(*describe)(void *state);
     void (*destroy)(void *state);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench.h"
 #include "engine.h"
 #include "model.h"
 #include "quant.h"
@@ -17,6 +18,7 @@ static void usage(FILE *f) {
             "usage: ditto <command> [options]\n"
             "  info -m FILE                      architecture, hyperparameters, tensor types, sizes\n"
             "  run  -m FILE --prompt-ids 1,2,3 [-n N] [--threads T] [--logits-hash] [--dump-logits PATH]\n"
+            "  bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify]\n"
             "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q4_0|q8_0]   random-weight model\n");
 }
 
@@ -226,6 +228,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_cmd(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return bench_cmd(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -71,6 +71,7 @@ typedef struct cpu_state {
     int n_pairs_max;
     gemm_job jobs[MAX_JOBS];
     int n_jobs;
+    uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
 } cpu_state;
 
 /* ---- activation sets ----------------------------------------------------------- */
@@ -122,6 +123,7 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     j->n_tok = n_tok;
     j->out = out;
     j->out_stride = out_stride;
+    st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
 }
 
 static void jobs_task(void *ctx, int ith, int nth) {
@@ -481,6 +483,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
     DT_ASSERT(n >= 1 && n <= st->max_rows);
     for (int r = 0; r < n; r++) model_embed(m, b->token[r], st->x + (size_t)r * E);
+    st->weight_bytes += (uint64_t)n * m->tok_embd.row_bytes;
     step_ctx c = {.st = st, .b = b};
     size_t ab;
     for (int l = 0; l < hp->n_layer; l++) {
@@ -498,6 +501,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         jobs_run(st);
         pool_run(st->pool, qk_task, &c);
         pool_run(st->pool, attn_task, &c);
+        for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
         pool_run(st->pool, act_att_task, &c);
         act = act_for(&st->a_att, &L->wo, &ab);
@@ -509,6 +513,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
         pool_run(st->pool, ffn_in_task, &c);
+        if (hp->arch == MODEL_ARCH_QWEN3MOE) st->weight_bytes += L->gate_inp.mat_bytes;
         if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
             ffn_moe_solo(st, &c);
         else if (hp->arch == MODEL_ARCH_QWEN3MOE)
@@ -598,6 +603,12 @@ static int cpu_create(void **state, const model *m, kv_arena *kv, const backend_
     return 0;
 }
 
+static void cpu_counters(void *state, uint64_t *weight_bytes, uint64_t *kv_bytes) {
+    const cpu_state *st = state;
+    *weight_bytes = st->weight_bytes;
+    *kv_bytes = st->kv_bytes;
+}
+
 static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc; }
 
 static void cpu_destroy(void *state) {
@@ -615,4 +626,4 @@ static void cpu_destroy(void *state) {
     free(st);
 }
 
-const backend_ops cpu_backend_ops = {"cpu", cpu_create, cpu_forward, cpu_describe, cpu_destroy};
+const backend_ops cpu_backend_ops = {"cpu", cpu_create, cpu_forward, cpu_counters, cpu_describe, cpu_destroy};

@@ -1,0 +1,251 @@
+/* bench.c — throughput measurements with the engine (no scheduler in the timed
+ * loop): prefill of one prompt, then decode steps with S streams in the batch. */
+#include "bench.h"
+
+#include <errno.h>
+#include <immintrin.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "engine.h"
+#include "pool.h"
+#include "sampler.h"
+
+typedef struct bw_ctx {
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64];
+} bw_ctx;
+
+__attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
+    bw_ctx *c = ctx;
+    size_t n = c->bytes / 128, lo = n * (size_t)ith / (size_t)nth, hi = n * (size_t)(ith + 1) / (size_t)nth;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = lo; i < hi; i++) {
+        const __m256i *p = (const __m256i *)(c->buf + i * 128);
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256(p));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256(p + 1));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256(p + 2));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256(p + 3));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    c->sink[ith % 64] = (uint64_t)_mm256_extract_epi64(a0, 0);
+}
+
+double bench_read_bandwidth(int n_threads, size_t bytes, int reps) {
+    bytes &= ~(size_t)127;
+    uint8_t *buf = aligned_alloc(128, bytes);
+    if (!buf) return 0;
+    memset(buf, 1, bytes);
+    pool *p = pool_create(n_threads);
+    bw_ctx c = {buf, bytes, {0}};
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = time_now();
+        pool_run(p, bw_task, &c);
+        double gbs = (double)bytes / (time_now() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    pool_free(p);
+    free(buf);
+    return best;
+}
+
+static int parse_list(const char *s, int *out, int cap) {
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 4096) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static uint64_t xs(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Prefills `len` random tokens into slot (chunks of max_rows). Returns seconds. */
+static double prefill(engine *e, int slot, int len, uint64_t *rng, int32_t *last, ditto_err *err) {
+    int R = e->opts.max_rows, V = e->m->hp.n_vocab;
+    int32_t *tok = xmalloc(sizeof(int32_t) * (size_t)R * 3);
+    int32_t *pos = tok + R, *sl = tok + 2 * R;
+    uint8_t *want = xcalloc((size_t)R, 1);
+    double t0 = time_now();
+    for (int done = 0; done < len;) {
+        int c = DT_MIN(R, len - done);
+        for (int r = 0; r < c; r++) {
+            tok[r] = (int32_t)(xs(rng) % (uint64_t)DT_MIN(V, 50000));
+            pos[r] = done + r;
+            sl[r] = slot;
+            want[r] = done + r == len - 1;
+        }
+        engine_batch b = {c, tok, pos, sl, want};
+        if (engine_forward(e, &b, err) < 0) {
+            free(tok);
+            free(want);
+            return -1;
+        }
+        done += c;
+    }
+    double dt = time_now() - t0;
+    *last = sampler_argmax(e->logits, V);
+    free(tok);
+    free(want);
+    return dt;
+}
+
+typedef struct bench_row {
+    const char *label;
+    int streams;
+    double step_ms, agg, per_stream, wbytes, kvbytes, gbs;
+} bench_row;
+
+/* S streams prefilled (untimed), then gen decode steps with all S rows. */
+static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_row *row, ditto_err *err) {
+    int32_t tok[4096], pos[4096], sl[4096];
+    uint8_t want[4096];
+    uint64_t rng = seed;
+    for (int s = 0; s < S; s++) {
+        sl[s] = kv_slot_acquire(e->kv);
+        if (prefill(e, sl[s], plen, &rng, &tok[s], err) < 0) return -1;
+        pos[s] = plen;
+        want[s] = 1;
+    }
+    uint64_t w0, k0, w1, k1;
+    e->be->counters(e->be_state, &w0, &k0);
+    double t0 = time_now();
+    for (int g = 0; g < gen; g++) {
+        engine_batch b = {S, tok, pos, sl, want};
+        if (engine_forward(e, &b, err) < 0) return -1;
+        for (int s = 0; s < S; s++) {
+            tok[s] = sampler_argmax(e->logits + (size_t)s * e->m->hp.n_vocab, e->m->hp.n_vocab);
+            pos[s]++;
+        }
+    }
+    double dt = time_now() - t0;
+    e->be->counters(e->be_state, &w1, &k1);
+    for (int s = 0; s < S; s++) kv_slot_release(e->kv, sl[s]);
+    row->streams = S;
+    row->step_ms = 1e3 * dt / gen;
+    row->agg = (double)S * gen / dt;
+    row->per_stream = gen / dt;
+    row->wbytes = (double)(w1 - w0) / gen;
+    row->kvbytes = (double)(k1 - k0) / gen;
+    row->gbs = (double)(w1 - w0 + k1 - k0) / dt / 1e9;
+    return 0;
+}
+
+int bench_cmd(int argc, char **argv) {
+    const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
+    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1;
+    bool unify = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+        char *end = NULL;
+        if (!strcmp(a, "-m") && has) path = argv[++i];
+        else if (!strcmp(a, "--streams") && has) {
+            if ((n_streams = parse_list(argv[++i], streams, 16)) < 1) {
+                fprintf(stderr, "ditto bench: --streams expects a list like 1,6,16\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--prompt-len") && has) plen = (int)strtol(argv[++i], &end, 10);
+        else if (!strcmp(a, "--gen-len") && has) gen = (int)strtol(argv[++i], &end, 10);
+        else if (!strcmp(a, "--threads") && has) threads = (int)strtol(argv[++i], &end, 10);
+        else if (!strcmp(a, "--unify")) unify = true;
+        else {
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify]\n");
+            return 2;
+        }
+        if (end && *end) {
+            fprintf(stderr, "ditto bench: '%s' expects an integer\n", a);
+            return 2;
+        }
+    }
+    if (plen < 1 || gen < 1 || threads < 1 || threads > 256) {
+        fprintf(stderr, "ditto bench: prompt-len, gen-len and threads must be >= 1\n");
+        return 2;
+    }
+    int max_s = 1;
+    for (int i = 0; i < n_streams; i++) max_s = DT_MAX(max_s, streams[i]);
+    model *m;
+    ditto_err err;
+    double tl = time_now();
+    if (model_load(&m, path, &err)) {
+        fprintf(stderr, "ditto: %s\n", err.msg);
+        return 1;
+    }
+    tl = time_now() - tl;
+    engine_opts o;
+    engine_opts_default(&o);
+    o.n_threads = threads;
+    o.max_streams = max_s;
+    o.ctx = plen + gen + 1;
+    o.max_rows = DT_MAX(max_s, DT_MIN(plen, 256));
+    engine *e = NULL, *eu = NULL;
+    if (engine_create(&e, m, &o, &err)) {
+        fprintf(stderr, "ditto: %s\n", err.msg);
+        model_free(m);
+        return 1;
+    }
+    o.unify = true;
+    o.max_streams = 1;
+    if (engine_create(&eu, m, &o, &err)) {
+        fprintf(stderr, "ditto: %s\n", err.msg);
+        engine_free(e);
+        model_free(m);
+        return 1;
+    }
+    char arena[256];
+    kv_arena_describe(e->kv, arena, sizeof arena);
+    double bw = bench_read_bandwidth(threads, (size_t)1 << 30, 3);
+    uint64_t bpt = model_bytes_per_token(m);
+    printf("# ditto bench\n\nmodel: %s (%.2fB params, load %.2f s)\nbackend: %s\n%s\n", path, (double)m->n_params / 1e9,
+           tl, e->be->describe(e->be_state), arena);
+    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1 GiB, best of 3): %.2f GB/s\n", threads,
+           threads > 1 ? "s" : "", bw);
+    printf("weights read per decoded token (solo): %.1f MiB -> bandwidth bound %.1f tok/s\n\n", bpt / 1048576.0,
+           bw * 1e9 / (double)bpt);
+    /* warm the weights into the page cache, then prefill */
+    uint64_t rng = 1;
+    int32_t last;
+    int slot = kv_slot_acquire(e->kv);
+    if (prefill(e, slot, DT_MIN(plen, 8), &rng, &last, &err) < 0) goto fail;
+    kv_slot_release(e->kv, slot);
+    slot = kv_slot_acquire(e->kv);
+    double tp = prefill(e, slot, plen, &rng, &last, &err);
+    if (tp < 0) goto fail;
+    kv_slot_release(e->kv, slot);
+    printf("prefill: %d tokens in %.3f s = %.1f tok/s (chunks of %d)\n\n", plen, tp, plen / tp, o.max_rows);
+    printf("| streams | path | step ms | aggregate tok/s | per-stream tok/s | weight MiB/step | KV MiB/step | GB/s | %% of bw |\n");
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_streams + 1; i++) {
+        bench_row r;
+        bool u = i == n_streams;
+        if (u && !(streams[0] == 1 || unify)) break;
+        int S = u ? 1 : streams[i];
+        engine *eng = u ? eu : e;
+        if (!u && unify && S == 1) continue; /* shown as the unify row */
+        if (decode_run(eng, S, plen, gen, 1000 + (uint64_t)i, &r, &err) < 0) goto fail;
+        printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% |\n", S,
+               u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
+               r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw);
+    }
+    engine_free(eu);
+    engine_free(e);
+    model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "ditto bench: %s\n", err.msg);
+    engine_free(eu);
+    engine_free(e);
+    model_free(m);
+    return 1;
+}
