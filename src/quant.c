@@ -2,6 +2,7 @@
  * quantization and the canonical quantized dot product (docs/arithmetic.md). */
 #include "quant.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -215,12 +216,15 @@ static float quant_block(const float *x, int n, int8_t *q) {
         if (a > amax) amax = a;
     }
     float d = amax / 127.0f;
-    if (amax == 0.0f) {
+    /* zero block, scale underflow, infinite max: all-zero quants (also defined for NaN input) */
+    if (amax == 0.0f || d == 0.0f || !(amax <= FLT_MAX)) {
         memset(q, 0, (size_t)n);
         return 0.0f;
     }
     for (int i = 0; i < n; i++) {
-        float v = quant_rint(x[i] / d);
+        float v = x[i] / d;
+        if (v != v) v = 0.0f;
+        v = quant_rint(v);
         if (v > 127.0f) v = 127.0f;
         if (v < -127.0f) v = -127.0f;
         q[i] = (int8_t)v;

@@ -9,14 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
-#if __has_include("cpu/cpu_quant.h")
 #include "cpu/cpu_quant.h"
-#else /* TEMP until the SIMD dispatch lands */
-static inline int cpu_level_detect(void) { return 0; }
-static inline const char *cpu_level_name(int l) { (void)l; return "generic"; }
-static inline quant_gemm_fn cpu_quant_gemm(uint32_t t, int l) { (void)l; return quant_traits_of(t)->gemm; }
-static inline void cpu_quant_act_row(enum quant_act a, const float *x, void *d, int64_t k, int l) { (void)l; quant_act_row(a, x, d, k); }
-#endif
 #include "mathx.h"
 #include "pool.h"
 #include "quant.h"

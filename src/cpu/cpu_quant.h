@@ -1,0 +1,43 @@
+/* cpu_quant.h — run-time choice of the SIMD gemm / activation-quantization kernels.
+ *
+ * Every kernel here is bitwise equal to the scalar reference in quant.c (the
+ * `_generic` gemms and quant_act_row): the integer block sums are exact in any
+ * order, and the fp32 chain per (row, token) is the reference's, op for op, with
+ * SIMD lanes = output rows (docs/arithmetic.md). tests/test_quant.c proves it.
+ *
+ * Levels: CPU_AVX2 needs AVX2+FMA+F16C; CPU_AVX512 needs AVX-512 F/BW/VL/DQ and
+ * VNNI (and the OS saving the zmm/opmask state). The gemm kernels assume
+ * activations made by quant_act_row / cpu_quant_act_row (|q| <= 127, block_q8a.s
+ * and block_q8k.bsums equal to the sums of q). */
+#ifndef DITTO_CPU_QUANT_H
+#define DITTO_CPU_QUANT_H
+
+#include <stdint.h>
+
+#include "quant.h"
+
+enum cpu_level { CPU_GENERIC = 0, CPU_AVX2 = 1, CPU_AVX512 = 2 };
+
+/* Best level this CPU (and OS) supports; env DITTO_CPU=generic|avx2|avx512 can lower it
+ * (never raise it). */
+enum cpu_level cpu_level_detect(void);
+/* Best level of the hardware alone, ignoring DITTO_CPU (cached). */
+enum cpu_level cpu_level_hw(void);
+const char *cpu_level_name(enum cpu_level level);
+
+/* The gemm for a type at a level: falls back to the next lower level's kernel (finally
+ * quant_traits_of(type)->gemm) where a level lacks one. A level above cpu_level_hw() is
+ * lowered to it. NULL for a type without a gemm. */
+quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level);
+
+/* Activation quantization row, SIMD where available, bitwise equal to quant_act_row. */
+void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,
+                       enum cpu_level level);
+
+/* ---- per-level tables (quant_avx2.c, quant_avx512.c); call only at a supported level */
+quant_gemm_fn quant_gemm_avx2(uint32_t type);   /* NULL where the level has no kernel */
+quant_gemm_fn quant_gemm_avx512(uint32_t type); /* NULL where the level has no kernel */
+void quant_act_row_avx2(enum quant_act act, const float *x, void *dst, int64_t k);
+void quant_act_row_avx512(enum quant_act act, const float *x, void *dst, int64_t k);
+
+#endif
