@@ -343,6 +343,52 @@ static void test_arena(void) {
     engine_free(e);
 }
 
+/* The scheduler's solo run of each oracle prompt gives the oracle's greedy tokens (all 32 match
+ * the engine-core run on q4_k_m, see test_oracle). */
+static void test_solo_parity(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/reference/tiny-qwen3moe/oracle-q4_k_m.json", test_shared_dir());
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL, "open %s", path);
+    if (!f) return;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    int ok = 0, total = 0;
+    char *p = buf;
+    while ((p = strstr(p, "\"prompt_ids\""))) {
+        spec sp = {0};
+        char *q = strchr(p, '[') + 1;
+        while (*q != ']') sp.prompt[sp.n_prompt++] = (int32_t)strtol(q, &q, 10), q += *q == ',';
+        int32_t want[32];
+        q = strchr(strstr(q, "\"greedy_ids\""), '[') + 1;
+        for (int i = 0; i < 32; i++) want[i] = (int32_t)strtol(q, &q, 10), q += *q == ',';
+        sp.max_tokens = 32;
+        sampler_params_default(&sp.sp);
+        result r;
+        engine *e = mk_engine(1, 1, 128, 64, false);
+        sched *s = mk_sched(e, 64);
+        sched_request rq = req_of(&sp);
+        rq.ignore_eos = true;
+        sched_stream *h;
+        ditto_err err;
+        sched_submit(s, &rq, &h, &err);
+        memset(&r, 0, sizeof r);
+        while (sched_step(s, &err) > 0) {
+        }
+        collect(s, h, &r);
+        sched_stream_release(s, h);
+        sched_free(s);
+        engine_free(e);
+        ok += r.n == 32 && memcmp(r.tok, want, sizeof want) == 0;
+        total++;
+        p = q;
+    }
+    CHECK(total == 4 && ok == 4, "solo parity: %d of %d prompts give the oracle's 32 greedy tokens", ok, total);
+    printf("solo parity: %d/%d oracle prompts, 32/32 greedy tokens each\n", ok, total);
+}
+
 int main(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/models/tiny-qwen3moe-q4_k_m.gguf", test_shared_dir());
@@ -353,6 +399,7 @@ int main(void) {
     }
     double t0 = time_now();
     test_arena();
+    test_solo_parity();
     test_admission();
     test_unify();
     test_six_copies();
