@@ -10,6 +10,8 @@
 #include "model.h"
 #include "quant.h"
 #include "synth.h"
+#include "chat.h"
+#include "tokenizer.h"
 
 #define DEFAULT_MODEL "models/tiny-qwen3moe-q4_k_m.gguf"
 
@@ -17,7 +19,9 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: ditto <command> [options]\n"
             "  info -m FILE                      architecture, hyperparameters, tensor types, sizes\n"
-            "  run  -m FILE --prompt-ids 1,2,3 [-n N] [--threads T] [--logits-hash] [--dump-logits PATH]\n"
+            "  run  [-m FILE] (--prompt-ids 1,2,3 | -p TEXT | --chat MESSAGE [--think]) [-n N] [--threads T]\n"
+            "       [--logits-hash] [--dump-logits PATH]   greedy generation (ids, or text for -p/--chat)\n"
+            "  tokenize [-m FILE] [--pieces] [--no-special] TEXT\n"
             "  bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify]\n"
             "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q4_0|q8_0]   random-weight model\n");
 }
@@ -117,10 +121,10 @@ static int argmax(const float *x, int n) {
 }
 
 static int cmd_run(int argc, char **argv) {
-    const char *path = DEFAULT_MODEL, *dump = NULL;
+    const char *path = DEFAULT_MODEL, *dump = NULL, *text = NULL, *chat = NULL;
     int32_t *prompt = NULL;
     int n_prompt = 0, n_gen = 16, threads = 1;
-    bool hash = false;
+    bool hash = false, think = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -131,7 +135,10 @@ static int cmd_run(int argc, char **argv) {
             if (parse_int(argv[++i], "-n", 0, 1 << 24, &n_gen)) return 2;
         } else if (!strcmp(a, "--threads") && has) {
             if (parse_int(argv[++i], "--threads", 1, 256, &threads)) return 2;
-        } else if (!strcmp(a, "--logits-hash")) hash = true;
+        } else if (!strcmp(a, "-p") && has) text = argv[++i];
+        else if (!strcmp(a, "--chat") && has) chat = argv[++i];
+        else if (!strcmp(a, "--think")) think = true;
+        else if (!strcmp(a, "--logits-hash")) hash = true;
         else if (!strcmp(a, "--dump-logits") && has) dump = argv[++i];
         else {
             fprintf(stderr, "ditto run: unknown or incomplete option '%s'\n", a);
@@ -139,15 +146,45 @@ static int cmd_run(int argc, char **argv) {
             return 2;
         }
     }
-    if (!prompt) {
-        fprintf(stderr, "ditto run: a prompt is required (--prompt-ids)\n");
+    if (!prompt == !(text || chat) || (text && chat)) {
+        fprintf(stderr, "ditto run: give exactly one of --prompt-ids, -p TEXT, --chat MESSAGE\n");
+        free(prompt);
         return 2;
     }
     model *m;
     ditto_err err;
     if (model_load(&m, path, &err)) {
         fprintf(stderr, "ditto: %s\n", err.msg);
+        free(prompt);
         return 1;
+    }
+    tokenizer *tok = NULL;
+    detok_stream ds;
+    if (text || chat) {
+        if (tokenizer_load(&tok, m->gguf, &err)) {
+            fprintf(stderr, "ditto: %s\n", err.msg);
+            model_free(m);
+            return 1;
+        }
+        if (tokenizer_chat_warning(tok)) fprintf(stderr, "ditto: %s\n", tokenizer_chat_warning(tok));
+        char *rendered = NULL;
+        if (chat) {
+            chat_msg msg = {"user", chat, NULL};
+            rendered = chat_render(tok, &msg, 1, true, think);
+        }
+        const char *src = chat ? rendered : text;
+        size_t n_ids = 0;
+        int rc = tokenizer_encode(tok, src, strlen(src), chat != NULL, &prompt, &n_ids, &err);
+        free(rendered);
+        if (rc || n_ids == 0) {
+            fprintf(stderr, "ditto: %s\n", rc ? err.msg : "the prompt encodes to no tokens");
+            tokenizer_free(tok);
+            model_free(m);
+            free(prompt);
+            return 1;
+        }
+        n_prompt = (int)n_ids;
+        detok_stream_init(&ds, tok);
     }
     engine_opts o;
     engine_opts_default(&o);
@@ -162,19 +199,19 @@ static int cmd_run(int argc, char **argv) {
     int slot = kv_slot_acquire(e->kv);
     int V = m->hp.n_vocab, rc = 0;
     double t0 = time_now(), t_first = 0;
-    int32_t tok[64], pos[64], sl[64];
+    int32_t btok[64], pos[64], sl[64];
     uint8_t want[64];
     /* prefill in chunks; the last prompt row gives the first logits */
     int done = 0, cur = -1;
     while (done < n_prompt) {
         int n = DT_MIN(o.max_rows, n_prompt - done);
         for (int r = 0; r < n; r++) {
-            tok[r] = prompt[done + r];
+            btok[r] = prompt[done + r];
             pos[r] = done + r;
             sl[r] = slot;
             want[r] = done + r == n_prompt - 1;
         }
-        engine_batch b = {n, tok, pos, sl, want};
+        engine_batch b = {n, btok, pos, sl, want};
         if (engine_forward(e, &b, &err) < 0) {
             fprintf(stderr, "ditto: %s\n", err.msg);
             rc = 1;
@@ -194,25 +231,42 @@ static int cmd_run(int argc, char **argv) {
             if (f) fclose(f);
         }
         cur = argmax(e->logits, V);
-        printf("%d%s", cur, step + 1 < n_gen ? " " : "\n");
+        if (tok) {
+            if (tokenizer_is_eog(tok, cur)) break;
+            size_t len;
+            const char *piece = detok_stream_push(&ds, cur, &len);
+            fwrite(piece, 1, len, stdout);
+        } else {
+            printf("%d%s", cur, step + 1 < n_gen ? " " : "\n");
+        }
         fflush(stdout);
         if (step + 1 == n_gen) break;
-        tok[0] = cur;
+        btok[0] = cur;
         pos[0] = n_prompt + step;
         sl[0] = slot;
         want[0] = 1;
-        engine_batch b = {1, tok, pos, sl, want};
+        engine_batch b = {1, btok, pos, sl, want};
         if (engine_forward(e, &b, &err) < 0) {
             fprintf(stderr, "ditto: %s\n", err.msg);
             rc = 1;
             goto out;
         }
     }
+    if (tok) {
+        size_t len;
+        const char *rest = detok_stream_flush(&ds, &len);
+        fwrite(rest, 1, len, stdout);
+        printf("\n");
+    }
     double t1 = time_now();
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s) [%s]\n",
             n_prompt, t_first - t0, n_prompt / (t_first - t0), n_gen > 1 ? n_gen - 1 : 0, t1 - t_first,
             n_gen > 1 ? (n_gen - 1) / (t1 - t_first) : 0.0, e->be->describe(e->be_state));
 out:
+    if (tok) {
+        detok_stream_free(&ds);
+        tokenizer_free(tok);
+    }
     engine_free(e);
     model_free(m);
     free(prompt);
@@ -229,6 +283,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_cmd(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return bench_cmd(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return tokenizer_cmd(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -1227,7 +1227,7 @@ static char *read_all(FILE *f, size_t *len) {
 }
 
 static int tokenize_usage(void) {
-    fprintf(stderr, "usage: ditto tokenize -m FILE [--pieces] [--no-special] [--] [TEXT | -]\n"
+    fprintf(stderr, "usage: ditto tokenize [-m FILE] [--pieces] [--no-special] [--] [TEXT | -]\n"
                     "  prints the token ids of TEXT (stdin if absent or -), space-separated;\n"
                     "  --pieces      one \"id<TAB>piece\" line per token instead\n"
                     "  --no-special  treat <|im_start|> and other special token texts as plain text\n");
@@ -1261,7 +1261,7 @@ int tokenizer_cmd(int argc, char **argv) {
             return tokenize_usage();
         }
     }
-    if (!model) return tokenize_usage();
+    if (!model) model = "models/tiny-qwen3moe-q4_k_m.gguf"; /* the shipped default */
     char *owned = NULL;
     size_t len;
     if (!text || !strcmp(text, "-")) {
