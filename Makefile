@@ -10,7 +10,7 @@ ARCH_FLAGS ?= -mfma -mf16c
 CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -ffp-contract=off -fno-math-errno \
           -fno-fast-math $(ARCH_FLAGS) -pthread -iquote src $(CFLAGS_EXTRA)
 LDFLAGS := -pthread $(LDFLAGS_EXTRA)
-LIBS := -lpcre2-8 -lutf8proc -lcjson -lm
+LIBS := -lpcre2-8 -lutf8proc -lcjson -lmicrohttpd -lm
 ifneq ($(SANITIZE),)
 CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)

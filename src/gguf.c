@@ -299,9 +299,7 @@ int gguf_open(gguf_file **out, const char *path, ditto_err *err) {
         close(fd);
         return err_set(err, "%s: file too small for a GGUF header (%lld bytes)", path, (long long)st.st_size);
     }
-    /* MAP_POPULATE: map every page now (one bulk fault-in at load) instead of one
-     * minor fault per 4 KiB page on first use inside the decode loop */
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (m == MAP_FAILED) return err_set(err, "%s: mmap failed: %m", path);
     gguf_file *f = xcalloc(1, sizeof *f);
@@ -318,6 +316,17 @@ int gguf_open_buffer(gguf_file **out, const void *buf, uint64_t size, const char
     f->map = buf;
     f->size = size;
     return open_common(out, f, err);
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+void gguf_populate(const gguf_file *f) {
+    if (!f->owns_map || f->size == 0) return;
+    /* one bulk fault-in now instead of a minor fault per 4 KiB page inside the
+     * decode loop; older kernels lack the advice, then pages fault in lazily */
+    madvise((void *)f->map, (size_t)f->size, MADV_POPULATE_READ);
 }
 
 void gguf_close(gguf_file *f) {

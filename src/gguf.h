@@ -87,6 +87,8 @@ int gguf_open(gguf_file **out, const char *path, ditto_err *err);
 /* Same over a caller-owned buffer (not copied; must outlive the gguf_file). */
 int gguf_open_buffer(gguf_file **out, const void *buf, uint64_t size, const char *name, ditto_err *err);
 void gguf_close(gguf_file *f);
+/* Maps every page of the file now (weights are then read without page faults). */
+void gguf_populate(const gguf_file *f);
 
 const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "bench.h"
 #include "engine.h"
 #include "model.h"
@@ -18,6 +19,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: ditto <command> [options]\n"
+            "  serve [-m FILE] [--host H] [--port P] [--streams N] [--ctx N] [--threads N] [--max-queue N]\n"
+            "        [--api-key KEY | --api-key-file F] [--unify]   OpenAI-compatible HTTP server\n"
             "  info -m FILE                      architecture, hyperparameters, tensor types, sizes\n"
             "  run  [-m FILE] (--prompt-ids 1,2,3 | -p TEXT | --chat MESSAGE [--think]) [-n N] [--threads T]\n"
             "       [--logits-hash] [--dump-logits PATH]   greedy generation (ids, or text for -p/--chat)\n"
@@ -279,6 +282,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "serve")) return api_serve_cmd(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return synth_cmd(argc - 1, argv + 1);

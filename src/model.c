@@ -218,6 +218,7 @@ int model_load(model **out, const char *path, ditto_err *err) {
     }
     if (gguf_find_kv(m->gguf, "general.name")) gguf_get_str(m->gguf, "general.name", &m->name, NULL);
     find_eog(m);
+    gguf_populate(m->gguf);
     *out = m;
     return 0;
 }

@@ -55,6 +55,8 @@ struct sched {
 void sched_opts_default(sched_opts *o) {
     o->max_queue = 64;
     o->prefill_chunk = 64;
+    o->on_step = NULL;
+    o->on_step_user = NULL;
 }
 
 int sched_create(sched **out, engine *e, const sched_opts *o, ditto_err *err) {
@@ -265,7 +267,7 @@ static bool is_stop(const sched *s, const sched_stream *st, int32_t t) {
 static void notify_ended(sched *s, int n_ended) {
     for (int i = 0; i < n_ended; i++) {
         sched_stream *st = s->ended[i];
-        if (st->cb && !st->notified_end) st->cb(st->user, st, -1, st->finish);
+        if (st->cb && !st->notified_end) st->cb(st->user, st, -1, NULL, st->finish);
     }
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < n_ended; i++) {
@@ -333,14 +335,15 @@ int sched_step(sched *s, ditto_err *err) {
         s->st.prompt_tokens += (uint64_t)c;
     }
     pthread_mutex_unlock(&s->mu);
-    if (n == 0) {
-        if (n_ended) notify_ended(s, n_ended);
-        return 0;
-    }
+    /* streams cancelled before this step hear about it now, not after the forward */
+    if (n_ended) notify_ended(s, n_ended);
+    n_ended = 0;
+    if (n == 0) return 0;
     engine_batch b = {n, s->tok, s->pos, s->slotv, s->want};
     double t0 = time_now();
     int got = engine_forward(e, &b, err);
     double dt = time_now() - t0;
+    if (s->o.on_step) s->o.on_step(s->o.on_step_user, n, dt);
     if (got != n_out) {
         if (got >= 0) err_set(err, "internal: %d logits rows for %d requested", got, n_out);
         return -1;
@@ -371,7 +374,9 @@ int sched_step(sched *s, ditto_err *err) {
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_out; i++) {
         sched_stream *st = s->row_stream[i];
-        if (st->cb) st->cb(st->user, st, s->row_token[i], st->state == SCHED_DONE ? st->finish : SCHED_FINISH_NONE);
+        if (st->cb)
+            st->cb(st->user, st, s->row_token[i], e->logits + (size_t)i * V,
+                   st->state == SCHED_DONE ? st->finish : SCHED_FINISH_NONE);
         if (st->state == SCHED_DONE) st->notified_end = true;
     }
     if (n_ended) notify_ended(s, n_ended);

@@ -31,9 +31,13 @@ enum sched_status {
 
 typedef struct sched_stream sched_stream;
 
-/* Called on the step thread after each token (and once more with token -1 when a
- * stream that produced no new token is cancelled). Must not block for long. */
-typedef void (*sched_on_token)(void *user, sched_stream *s, int32_t token, enum sched_finish finish);
+/* Called on the step thread after each token with the logits row it was sampled from
+ * (n_vocab floats, valid during the call only), and once with token -1 and logits NULL
+ * when a stream ends without a new token (cancelled). Must not block for long. */
+typedef void (*sched_on_token)(void *user, sched_stream *s, int32_t token, const float *logits,
+                               enum sched_finish finish);
+/* Called on the step thread after each forward step. */
+typedef void (*sched_on_step)(void *user, int rows, double seconds);
 
 typedef struct sched_request {
     const int32_t *prompt; /* copied */
@@ -51,6 +55,8 @@ typedef struct sched_request {
 typedef struct sched_opts {
     int max_queue;       /* waiting requests beyond the slots */
     int prefill_chunk;   /* most prompt rows of one stream per step */
+    sched_on_step on_step; /* optional */
+    void *on_step_user;
 } sched_opts;
 
 typedef struct sched sched;

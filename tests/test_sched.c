@@ -360,10 +360,20 @@ static void test_solo_parity(void) {
     while ((p = strstr(p, "\"prompt_ids\""))) {
         spec sp = {0};
         char *q = strchr(p, '[') + 1;
-        while (*q != ']') sp.prompt[sp.n_prompt++] = (int32_t)strtol(q, &q, 10), q += *q == ',';
+        for (;;) {
+            while (*q == ' ' || *q == '\n' || *q == ',') q++;
+            if (*q == ']' || !*q || sp.n_prompt == 40) break;
+            char *end;
+            sp.prompt[sp.n_prompt++] = (int32_t)strtol(q, &end, 10);
+            if (end == q) break;
+            q = end;
+        }
         int32_t want[32];
         q = strchr(strstr(q, "\"greedy_ids\""), '[') + 1;
-        for (int i = 0; i < 32; i++) want[i] = (int32_t)strtol(q, &q, 10), q += *q == ',';
+        for (int i = 0; i < 32; i++) {
+            while (*q == ' ' || *q == '\n' || *q == ',') q++;
+            want[i] = (int32_t)strtol(q, &q, 10);
+        }
         sp.max_tokens = 32;
         sampler_params_default(&sp.sp);
         result r;

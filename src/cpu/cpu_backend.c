@@ -142,6 +142,16 @@ static void jobs_run(cpu_state *st) {
     st->n_jobs = 0;
 }
 
+/* Runs a per-row task: on the calling thread alone when the work is small (a pool
+ * barrier costs more than the work), else split over the pool. Either way each item
+ * is computed by the same code, so the choice cannot change a bit. */
+static void run_items(cpu_state *st, pool_fn fn, void *ctx, long work) {
+    if (work <= 16384)
+        fn(ctx, 0, 1);
+    else
+        pool_run(st->pool, fn, ctx);
+}
+
 /* ---- per-row tasks ----------------------------------------------------------------- */
 
 typedef struct step_ctx {
@@ -418,7 +428,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     c->w0 = &L->down_exps;
     c->w1 = c->w2 = NULL;
     c->n_out = P;
-    pool_run(st->pool, swiglu_task, c);
+    run_items(st, swiglu_task, c, (long)c->n_out * F);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int e = 0; e < hp->n_expert; e++) {
         if (!st->exp_cnt[e]) continue;
@@ -444,7 +454,7 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     c->w0 = &L->down_exps;
     c->w1 = c->w2 = NULL;
     c->n_out = K;
-    pool_run(st->pool, swiglu_task, c);
+    run_items(st, swiglu_task, c, (long)c->n_out * F);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
@@ -463,10 +473,17 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     c->w0 = &L->ffn_down;
     c->w1 = c->w2 = NULL;
     c->n_out = n;
-    pool_run(st->pool, swiglu_task, c);
+    run_items(st, swiglu_task, c, (long)c->n_out * F);
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
     jobs_run(st);
+}
+
+/* Attention work of a batch: positions x query-head elements. */
+static long attn_work(const engine_batch *b, int H) {
+    long w = 0;
+    for (int r = 0; r < b->n; r++) w += (long)(b->pos[r] + 1) * H;
+    return w;
 }
 
 static void cpu_forward(void *state, const engine_batch *b, bool solo, float *logits) {
@@ -484,7 +501,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         c.layer = l;
         c.norm = L->attn_norm;
         c.w0 = &L->wq, c.w1 = &L->wk, c.w2 = &L->wv;
-        pool_run(st->pool, norm_task, &c);
+        run_items(st, norm_task, &c, (long)n * E);
         const void *act = act_for(&st->a_embd, &L->wq, &ab);
         job_add(st, &L->wq, 0, act, ab, n, st->q, (size_t)H);
         act = act_for(&st->a_embd, &L->wk, &ab);
@@ -492,11 +509,11 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         act = act_for(&st->a_embd, &L->wv, &ab);
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         jobs_run(st);
-        pool_run(st->pool, qk_task, &c);
-        pool_run(st->pool, attn_task, &c);
+        run_items(st, qk_task, &c, (long)n * (H + HKV));
+        run_items(st, attn_task, &c, attn_work(b, H));
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
-        pool_run(st->pool, act_att_task, &c);
+        run_items(st, act_att_task, &c, (long)n * H);
         act = act_for(&st->a_att, &L->wo, &ab);
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
         jobs_run(st);
@@ -505,7 +522,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         } else {
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
-        pool_run(st->pool, ffn_in_task, &c);
+        run_items(st, ffn_in_task, &c, (long)n * E * 2);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) st->weight_bytes += L->gate_inp.mat_bytes;
         if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
             ffn_moe_solo(st, &c);
@@ -513,7 +530,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
             ffn_moe(st, &c, n);
         else
             ffn_dense(st, &c, n);
-        pool_run(st->pool, combine_task, &c);
+        run_items(st, combine_task, &c, (long)n * E * (hp->n_expert_used + 1));
     }
     int32_t out_rows[st->max_rows];
     int n_out = 0;
@@ -523,7 +540,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     c.n_out = n_out;
     c.out_rows = out_rows;
     c.w0 = &m->output, c.w1 = c.w2 = NULL;
-    pool_run(st->pool, out_norm_task, &c);
+    run_items(st, out_norm_task, &c, (long)n_out * E);
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
     jobs_run(st);
