@@ -20,7 +20,9 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
     engine *e = xcalloc(1, sizeof *e);
     e->m = m;
     e->opts = *o;
-    kv_key key = {m, o->max_streams, o->ctx, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};
+    /* the arena holds ctx rounded up to whole K position groups; the cap stays o->ctx */
+    int ctx_alloc = (o->ctx + KV_POS_GROUP - 1) / KV_POS_GROUP * KV_POS_GROUP;
+    kv_key key = {m, o->max_streams, ctx_alloc, m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};
     if (kv_arena_create(&e->kv, &key, err)) {
         free(e);
         return -1;

@@ -16,6 +16,8 @@ bool kv_key_equal(const kv_key *a, const kv_key *b) {
 
 int kv_arena_create(kv_arena **out, const kv_key *key, ditto_err *err) {
     *out = NULL;
+    if (key->ctx % KV_POS_GROUP)
+        return err_set(err, "kv arena: ctx %d is not a multiple of %d", key->ctx, KV_POS_GROUP);
     if (key->max_streams < 1 || key->ctx < 1 || key->n_layer < 1 || key->n_head_kv < 1 || key->head_dim < 1)
         return err_set(err, "kv arena: invalid key (streams %d, ctx %d)", key->max_streams, key->ctx);
     size_t bytes = kv_key_bytes(key);

@@ -1,7 +1,12 @@
 /* kv.h — the KV arena: one allocation for max_streams slots, built once per key.
  *
- * Layout (fp16, round to nearest even; element = one head-dim vector):
- *   arena[slot][layer][K=0|V=1][kv_head][ctx][head_dim]
+ * Layout (fp16, round to nearest even), per (slot, layer, kv_head) a region of
+ * ctx x head_dim halves for K and one for V:
+ *   arena[slot][layer][K=0|V=1][kv_head][...]
+ *   K: [ctx/16][head_dim][16]  — 16 consecutive positions interleaved per dimension, so
+ *      attention scores vectorise across positions (lane = position) with plain loads
+ *   V: [ctx][head_dim]         — one row per position (lane = dimension)
+ * ctx is a multiple of KV_POS_GROUP (the engine rounds the cap up).
  * bytes = slots x ctx x layers x kv_heads x head_dim x 2 (K and V) x 2 (f16).
  * A slot's positions [0, len) are valid; bytes past len are never read, so a
  * release is a logical reset (len = 0) and nothing is ever wiped or moved. */
@@ -46,7 +51,14 @@ void kv_arena_describe(const kv_arena *a, char *buf, size_t n);
 int kv_slot_acquire(kv_arena *a);
 void kv_slot_release(kv_arena *a, int slot);
 
-/* [ctx][head_dim] rows of K or V for (slot, layer, kv head). */
+#define KV_POS_GROUP 16 /* positions interleaved in the K layout */
+
+/* K element (pos, d) within a (slot, layer, head) K region. */
+static inline size_t kv_k_index(int pos, int d, int head_dim) {
+    return ((size_t)(pos / KV_POS_GROUP) * (size_t)head_dim + (size_t)d) * KV_POS_GROUP + (size_t)(pos % KV_POS_GROUP);
+}
+
+/* The K or V region of (slot, layer, kv head): ctx x head_dim halves (layouts above). */
 static inline fp16_t *kv_ptr(const kv_arena *a, int slot, int layer, int kv, int head) {
     const kv_key *k = &a->key;
     size_t idx = ((((size_t)slot * k->n_layer + layer) * 2 + kv) * k->n_head_kv + head) * (size_t)k->ctx;

@@ -9,12 +9,12 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/attn.h"
 #include "cpu/cpu_quant.h"
 #include "mathx.h"
 #include "pool.h"
 #include "quant.h"
 
-#define ATTN_CHUNK 64  /* attention key chunk, in absolute positions (multiple of 32) */
 #define GEMM_UNIT 16   /* rows per work unit */
 #define MAX_JOBS 1024
 
@@ -58,8 +58,9 @@ typedef struct cpu_state {
     int *exp_cnt, *exp_off;                 /* per expert */
     uint8_t *xg;                            /* [P][act bytes] gathered expert inputs */
     float *g, *u, *h, *y;                   /* [P][ffn] / [P][n_embd] */
-    float *scores;                          /* [nth][ctx] */
-    float *oc, *oacc;                       /* [nth][head_dim] */
+    float *scores;                          /* [nth][scratch_stride] attention scratch */
+    size_t scratch_stride;                  /* ctx + 2*head_dim floats, rounded to 64 B */
+    attn_fn attn;
     int ffn;                                /* n_ff_exp or n_ff */
     int n_pairs_max;
     gemm_job jobs[MAX_JOBS];
@@ -186,7 +187,6 @@ static void norm_task(void *ctx, int ith, int nth) {
     }
 }
 
-static inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
 static inline fp16_t f2h(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
 static void rope(float *v, const float *cs, const float *sn, int half) {
@@ -218,50 +218,14 @@ static void qk_task(void *ctx, int ith, int nth) {
             const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
             mathx_rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
             rope(kh, cs, sn, half);
-            fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h) + (size_t)pos * hd;
+            fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
             fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
             for (int d = 0; d < hd; d++) {
-                kd[d] = f2h(kh[d]);
+                kd[kv_k_index(pos, d, hd)] = f2h(kh[d]);
                 vd[d] = f2h(vh[d]);
             }
         }
     }
-}
-
-/* One query head over positions [0, pos]: chunked softmax of the contract. */
-static void attend(const cpu_state *st, const float *qh, const fp16_t *K, const fp16_t *V, int pos, float *out,
-                   float *s, float *oc, float *O) {
-    int hd = st->m->hp.head_dim, n = pos + 1;
-    for (int j = 0; j < n; j++) {
-        const fp16_t *kj = K + (size_t)j * hd;
-        float acc = 0.0f;
-        for (int d = 0; d < hd; d++) acc = fmaf(qh[d], h2f(kj[d]), acc);
-        s[j] = acc * st->attn_scale;
-    }
-    int nc = (n + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    float M = -INFINITY;
-    for (int c = 0; c < nc; c++) {
-        int j1 = DT_MIN(n, (c + 1) * ATTN_CHUNK);
-        for (int j = c * ATTN_CHUNK; j < j1; j++) M = s[j] > M ? s[j] : M;
-    }
-    float Lsum = 0.0f;
-    for (int d = 0; d < hd; d++) O[d] = 0.0f;
-    for (int c = 0; c < nc; c++) {
-        int j0 = c * ATTN_CHUNK, j1 = DT_MIN(n, j0 + ATTN_CHUNK);
-        float m = -INFINITY;
-        for (int j = j0; j < j1; j++) m = s[j] > m ? s[j] : m;
-        for (int j = j0; j < j1; j++) s[j] = mathx_exp(s[j] - m);
-        float l = mathx_sum32(s + j0, j1 - j0);
-        for (int d = 0; d < hd; d++) oc[d] = 0.0f;
-        for (int j = j0; j < j1; j++) {
-            const fp16_t *vj = V + (size_t)j * hd;
-            for (int d = 0; d < hd; d++) oc[d] = fmaf(s[j], h2f(vj[d]), oc[d]);
-        }
-        float w = mathx_exp(m - M);
-        Lsum = fmaf(w, l, Lsum);
-        for (int d = 0; d < hd; d++) O[d] = fmaf(w, oc[d], O[d]);
-    }
-    for (int d = 0; d < hd; d++) out[d] = O[d] / Lsum;
 }
 
 /* Items: (row, head) pairs. */
@@ -271,14 +235,13 @@ static void attn_task(void *ctx, int ith, int nth) {
     const model_hparams *hp = &st->m->hp;
     int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv, i0, i1;
     pool_split(c->b->n * hp->n_head, 1, ith, nth, &i0, &i1);
-    float *s = st->scores + (size_t)ith * st->kv->key.ctx;
-    float *oc = st->oc + (size_t)ith * hd, *O = st->oacc + (size_t)ith * hd;
+    float *scratch = st->scores + (size_t)ith * st->scratch_stride;
     for (int i = i0; i < i1; i++) {
         int r = i / hp->n_head, h = i % hp->n_head, kvh = h / group;
         const fp16_t *K = kv_ptr(st->kv, c->b->slot[r], c->layer, 0, kvh);
         const fp16_t *V = kv_ptr(st->kv, c->b->slot[r], c->layer, 1, kvh);
-        attend(st, st->q + (size_t)r * H + (size_t)h * hd, K, V, c->b->pos[r], st->att + (size_t)r * H + (size_t)h * hd,
-               s, oc, O);
+        st->attn(st->q + (size_t)r * H + (size_t)h * hd, K, V, c->b->pos[r], hd, st->attn_scale,
+                 st->att + (size_t)r * H + (size_t)h * hd, scratch);
     }
     /* quantize this thread's complete rows? rows may straddle threads: done in act_att_task */
 }
@@ -605,9 +568,9 @@ static int cpu_create(void **state, const model *m, kv_arena *kv, const backend_
     st->pair_of = xcalloc((size_t)P, sizeof(int32_t));
     st->exp_cnt = xcalloc((size_t)NE, sizeof(int));
     st->exp_off = xcalloc((size_t)NE, sizeof(int));
-    st->scores = xaligned(sizeof(float) * (size_t)st->nth * ctx);
-    st->oc = xaligned(sizeof(float) * (size_t)st->nth * hd);
-    st->oacc = xaligned(sizeof(float) * (size_t)st->nth * hd);
+    st->scratch_stride = ((size_t)ctx + 2 * (size_t)hd + 15) & ~(size_t)15;
+    st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
+    st->attn = attn_select(st->level, hd);
     st->pool = pool_create(st->nth);
     *state = st;
     return 0;
@@ -631,7 +594,7 @@ static void cpu_destroy(void *state) {
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
                     st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
                     st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
-                    st->scores,   st->oc,       st->oacc};
+                    st->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(st);
 }
