@@ -27,7 +27,7 @@ typedef struct backend_opts {
 
 typedef struct backend_ops {
     const char *name;
-    int (*create)(void **state, const model *m, kv_arena *kv, const backend_opts *o, ditto_err *err);
+    int (*create)(void **state, model *m, kv_arena *kv, const backend_opts *o, ditto_err *err);
     /* Writes K/V for every row into kv, then one logits row of n_vocab floats per
      * want_logits row, in batch order. The batch is already validated. */
     /* solo: the batch is one decode row of a lone stream, run on the matrix-vector

@@ -225,6 +225,7 @@ int model_load(model **out, const char *path, ditto_err *err) {
 
 void model_free(model *m) {
     if (!m) return;
+    if (m->prepared_free) m->prepared_free(m->prepared);
     for (int l = 0; m->layers && l < m->hp.n_layer; l++) {
         free(m->layers[l].attn_norm);
         free(m->layers[l].q_norm);

@@ -65,6 +65,8 @@ typedef struct model {
     float *output_norm;     /* [n_embd] */
     model_layer *layers;
     uint64_t n_params;
+    void *prepared;         /* backend-prepared weights (e.g. repacked), shared by its engines */
+    void (*prepared_free)(void *);
     int32_t eog[8];         /* end-of-generation token ids (EOS, EOT, <|im_end|>, <|endoftext|>) */
     int n_eog;
 } model;

@@ -11,6 +11,8 @@
 #include "backend.h"
 #include "cpu/attn.h"
 #include "cpu/cpu_quant.h"
+#include "cpu/prepared.h"
+#include "cpu/repack.h"
 #include "mathx.h"
 #include "pool.h"
 #include "quant.h"
@@ -46,6 +48,8 @@ typedef struct cpu_state {
     int nth, max_rows, level;
     char desc[96];
     quant_gemm_fn gemm[QT_COUNT];
+    quant_gemm_fn gemm_rp[QT_COUNT];        /* kernels on repacked matrices */
+    const cpu_prepared *prep;
     float *rope_cos, *rope_sin; /* [ctx][head_dim/2] */
     float attn_scale;
     /* scratch, sized for max_rows rows */
@@ -107,9 +111,16 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
                     int n_tok, float *out, size_t out_stride) {
     DT_ASSERT(st->n_jobs < MAX_JOBS);
     gemm_job *j = &st->jobs[st->n_jobs++];
-    j->fn = st->gemm[w->type];
-    j->w = (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
-    j->row_bytes = w->row_bytes;
+    const prep_weight *pw = cpu_prepared_find(st->prep, w);
+    if (pw) {
+        j->fn = st->gemm_rp[w->type];
+        j->w = pw->data + (size_t)mat * pw->mat_bytes;
+        j->row_bytes = pw->group_bytes;
+    } else {
+        j->fn = st->gemm[w->type];
+        j->w = (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+        j->row_bytes = w->row_bytes;
+    }
     j->rows = w->rows;
     j->k = w->cols;
     j->act = act;
@@ -511,7 +522,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
 
 /* ---- lifecycle ------------------------------------------------------------------- */
 
-static int cpu_create(void **state, const model *m, kv_arena *kv, const backend_opts *o, ditto_err *err) {
+static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *o, ditto_err *err) {
     const model_hparams *hp = &m->hp;
     if (o->n_threads < 1 || o->n_threads > 256) return err_set(err, "threads = %d (must be 1..256)", o->n_threads);
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
@@ -521,8 +532,10 @@ static int cpu_create(void **state, const model *m, kv_arena *kv, const backend_
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
-    for (uint32_t t = 0; t < QT_COUNT; t++)
+    for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
+        if (repack_supported(t)) st->gemm_rp[t] = repack_gemm(t, st->level);
+    }
     snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s", cpu_level_name(st->level), st->nth,
              st->nth > 1 ? "s" : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
@@ -572,6 +585,7 @@ static int cpu_create(void **state, const model *m, kv_arena *kv, const backend_
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
     st->attn = attn_select(st->level, hd);
     st->pool = pool_create(st->nth);
+    st->prep = cpu_prepared_get(m, st->pool);
     *state = st;
     return 0;
 }

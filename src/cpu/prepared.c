@@ -1,0 +1,124 @@
+/* prepared.c — repacking of a model's Q4_K / Q6_K matrices at engine start. */
+#include "cpu/prepared.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "cpu/repack.h"
+
+#define PREP_CAP 4096 /* hash slots (power of two) */
+
+struct cpu_prepared {
+    prep_weight *items;
+    int n;
+    int *slot;        /* [PREP_CAP] index into items, -1 empty */
+    uint8_t *mem;     /* one anonymous mapping for every repacked matrix */
+    size_t bytes;
+};
+
+static size_t hash_ptr(const void *p) { return ((uintptr_t)p >> 3) * 0x9E3779B97F4A7C15ull >> 52 & (PREP_CAP - 1); }
+
+const prep_weight *cpu_prepared_find(const cpu_prepared *cp, const model_weight *w) {
+    if (!cp || !cp->n) return NULL;
+    for (size_t h = hash_ptr(w);; h = (h + 1) & (PREP_CAP - 1)) {
+        int i = cp->slot[h];
+        if (i < 0) return NULL;
+        if (cp->items[i].w == w) return &cp->items[i];
+    }
+}
+
+size_t cpu_prepared_bytes(const cpu_prepared *cp) { return cp ? cp->bytes : 0; }
+
+static void prepared_free(void *p) {
+    cpu_prepared *cp = p;
+    if (!cp) return;
+    if (cp->mem) munmap(cp->mem, cp->bytes);
+    free(cp->items);
+    free(cp->slot);
+    free(cp);
+}
+
+typedef struct rp_task {
+    cpu_prepared *cp;
+    long total_groups;
+} rp_task;
+
+/* Groups of all matrices of all items, split evenly over threads. */
+static void repack_task(void *ctx, int ith, int nth) {
+    rp_task *t = ctx;
+    long lo = t->total_groups * ith / nth, hi = t->total_groups * (ith + 1) / nth, base = 0;
+    for (int i = 0; i < t->cp->n && base < hi; i++) {
+        const prep_weight *pw = &t->cp->items[i];
+        const model_weight *w = pw->w;
+        long gpm = (w->rows + REPACK_ROWS - 1) / REPACK_ROWS;
+        for (int e = 0; e < w->n_mat; e++, base += gpm) {
+            long a = DT_MAX(lo, base), b = DT_MIN(hi, base + gpm);
+            if (a >= b) continue;
+            repack_rows(w->type, (const uint8_t *)w->data + (size_t)e * w->mat_bytes, w->row_bytes, w->rows, w->cols,
+                        (uint8_t *)pw->data + (size_t)e * pw->mat_bytes, (int)(a - base), (int)(b - base));
+        }
+    }
+}
+
+static void add(cpu_prepared *cp, const model_weight *w) {
+    if (!w->data || !repack_supported(w->type) || cpu_prepared_find(cp, w)) return;
+    prep_weight *pw = &cp->items[cp->n];
+    pw->w = w;
+    pw->mat_bytes = repack_bytes(w->type, w->rows, w->cols);
+    pw->group_bytes = repack_group_bytes(w->type, w->cols);
+    pw->data = (const uint8_t *)(uintptr_t)cp->bytes; /* offset until the mapping exists */
+    cp->bytes += (pw->mat_bytes * (size_t)w->n_mat + 63) & ~(size_t)63;
+    size_t h = hash_ptr(w);
+    while (cp->slot[h] >= 0) h = (h + 1) & (PREP_CAP - 1);
+    cp->slot[h] = cp->n++;
+}
+
+const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
+    if (m->prepared) return m->prepared;
+    cpu_prepared *cp = xcalloc(1, sizeof *cp);
+    m->prepared = cp;
+    m->prepared_free = prepared_free;
+    const char *env = getenv("DITTO_REPACK");
+    if (env && !strcmp(env, "0")) return cp;
+    int max_items = 1 + m->hp.n_layer * 8;
+    DT_ASSERT(max_items < PREP_CAP / 2);
+    cp->items = xcalloc((size_t)max_items, sizeof(prep_weight));
+    cp->slot = xmalloc(sizeof(int) * PREP_CAP);
+    for (int i = 0; i < PREP_CAP; i++) cp->slot[i] = -1;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        const model_weight *ws[] = {&L->wq,        &L->wk,      &L->wv,        &L->wo,
+                                    &L->gate_exps, &L->up_exps, &L->down_exps, &L->ffn_gate,
+                                    &L->ffn_up,    &L->ffn_down};
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) add(cp, ws[i]);
+    }
+    add(cp, &m->output);
+    if (!cp->bytes) return cp;
+    void *mem = mmap(NULL, cp->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) { /* not fatal: the original layout works, only slower */
+        fprintf(stderr, "ditto: cannot allocate %zu bytes for repacked weights; using the file layout\n", cp->bytes);
+        cp->n = 0;
+        cp->bytes = 0;
+        return cp;
+    }
+    cp->mem = mem;
+    long groups = 0;
+    for (int i = 0; i < cp->n; i++) {
+        prep_weight *pw = &cp->items[i];
+        pw->data = cp->mem + (size_t)(uintptr_t)pw->data;
+        groups += (long)((pw->w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * pw->w->n_mat;
+    }
+    rp_task t = {cp, groups};
+    pool_run(p, repack_task, &t);
+    /* the file pages of repacked matrices are no longer read (the embedding keeps its own) */
+    long pg = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < cp->n; i++) {
+        const model_weight *w = cp->items[i].w;
+        if (w->data == m->tok_embd.data) continue;
+        uintptr_t a = ((uintptr_t)w->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+        uintptr_t b = ((uintptr_t)w->data + w->mat_bytes * (size_t)w->n_mat) & ~((uintptr_t)pg - 1);
+        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    }
+    return cp;
+}

@@ -1,0 +1,32 @@
+/* prepared.h — weights re-laid for the CPU kernels, built once per model and shared
+ * by every CPU engine of that model (stored in model->prepared).
+ *
+ * Q4_K and Q6_K matrices are repacked into 16-row interleaved groups (cpu/repack.h)
+ * so SIMD lanes are output rows; the repacked kernels are bitwise equal to the
+ * reference on the original layout, so preparing changes speed, never results.
+ * The original file pages of a repacked matrix are released after the copy. */
+#ifndef DITTO_PREPARED_H
+#define DITTO_PREPARED_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "pool.h"
+
+typedef struct prep_weight {
+    const model_weight *w; /* the model's weight this replaces */
+    const uint8_t *data;   /* repacked matrix 0; matrix e at data + e*mat_bytes */
+    size_t mat_bytes;      /* bytes per repacked matrix */
+    size_t group_bytes;    /* bytes per 16-row group (the gemm's row_bytes argument) */
+} prep_weight;
+
+typedef struct cpu_prepared cpu_prepared;
+
+/* The model's prepared weights, built on first use with pool (env DITTO_REPACK=0: none). */
+const cpu_prepared *cpu_prepared_get(model *m, pool *p);
+/* The repacked form of w, or NULL (use w as it is). */
+const prep_weight *cpu_prepared_find(const cpu_prepared *cp, const model_weight *w);
+/* Bytes of repacked weights (0 when none). */
+size_t cpu_prepared_bytes(const cpu_prepared *cp);
+
+#endif

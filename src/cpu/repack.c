@@ -1,0 +1,223 @@
+/* repack.c — the repacked (row-interleaved) layouts of Q4_K and Q6_K, the repack itself, a
+ * scalar kernel on the repacked layout (bitwise equal to the reference in quant.c) and the
+ * per-level dispatch. See repack.h. */
+#include "cpu/repack.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- layouts ------------------------------------------------------------------------------
+ *
+ * The matrix is a sequence of row groups, each one contiguous stream read front to back:
+ *
+ *   matrix: | group 0 (rows 0..15) | group 1 (rows 16..31) | ... | last group (zero-padded) |
+ *   Q4_K group:  | block 0 | block 1 | ... | block nb-1 |           each block 2304 B
+ *   Q6_K group:  | D header | block 0 | block 1 | ... | block nb-1 |  each block 3328 B
+ *
+ * A "dword vector" below is a 64-byte vector of 16 dword lanes, lane r = row r of the group
+ * (row g*16 + r), so lane r occupies bytes 4r .. 4r+3. A weight vector (vpdpbusd's u8
+ * operand) holds in lane r 4 consecutive bytes of that row's original qs / ql / qh array.
+ *
+ * Q4_K — group g = nb blocks of 2304 B, block b at g*group_bytes + b*2304 (all 64-aligned):
+ *
+ *   +0     d[16]     fp16, row r at +2r                        (32 B)
+ *   +32    dmin[16]  fp16                                      (32 B)
+ *   +64    SC0       dword vector: lane r = scales_r[0..3]     (64 B)   the original 12-byte
+ *   +128   SC1       dword vector: lane r = scales_r[4..7]     (64 B)   6-bit packing, decoded
+ *   +192   SC2       dword vector: lane r = scales_r[8..11]    (64 B)   for 16 rows at once
+ *   +256   Q[0..31]  32 dword vectors: Q[v] lane r = qs_r[4v .. 4v+3]      (2048 B)
+ *
+ *          Q[v], v = 8p + i (p = 0..3, i = 0..7), one byte = two weights of row r:
+ *          +-------- lane 0 --------+-------- lane 1 --------+ ... +-------- lane 15 -------+
+ *          | qs0[4v] .. qs0[4v+3]   | qs1[4v] .. qs1[4v+3]   | ... | qs15[4v] .. qs15[4v+3] |
+ *          +------------------------+------------------------+ ... +------------------------+
+ *          Q[v] & 0x0F        = weights 64p + 4i .. +3      (sub-block 2p)   of rows 0..15
+ *          (Q[v] >> 4) & 0x0F = weights 64p + 32 + 4i .. +3 (sub-block 2p+1) of rows 0..15
+ *
+ * Q6_K — group g = a header of the nb blocks' d, then nb blocks of 3328 B (all 64-aligned):
+ *
+ *   +0                  D[b][16]  fp16 d of block b, row r at +32b + 2r  (H = nb*32 B rounded up to 64)
+ *   +H + b*3328 + 0     L[0..31]  32 dword vectors: L[v] lane r = ql_r[4v .. 4v+3]  (2048 B)
+ *               + 2048  Hh[0..15] 16 dword vectors: Hh[v] lane r = qh_r[4v .. 4v+3] (1024 B)
+ *               + 3072  S[0..7]   8 word vectors (32 lanes of 2 bytes): S[p] lane r =
+ *                                 int8 scales_r[2p], scales_r[2p+1]                (256 B)
+ *                                 (vpmovsxbw gives vpdpwssd's int16 pairs directly)
+ *
+ *          With h = 0..1, i = 0..7, u = 6-bit unsigned quant (q + 32):
+ *            L[16h + i]     & 0x0F  = low 4 bits of u at 128h +      4i .. +3
+ *            L[16h + 8 + i] & 0x0F  =                     128h + 32 + 4i .. +3
+ *            L[16h + i]     >> 4    =                     128h + 64 + 4i .. +3
+ *            L[16h + 8 + i] >> 4    =                     128h + 96 + 4i .. +3
+ *            Hh[8h + i] bits 2s..2s+1 = high 2 bits of u at 128h + 32s + 4i .. +3 (s = 0..3)
+ *
+ * Both are the original per-row byte arrays interleaved 4 bytes at a time across 16 rows, so
+ * the repacked matrix has the original size (Q6_K with odd nb: + 32 header bytes per group);
+ * the padding rows of the last group are zero (d = 0, quants 0) and their outputs are never
+ * stored. The repacked bytes are a function of the source alone (padding always zeroed). */
+
+bool repack_supported(uint32_t type) { return type == QT_Q4_K || type == QT_Q6_K; }
+
+size_t repack_group_bytes(uint32_t type, int k) {
+    DT_ASSERT(repack_supported(type) && k > 0 && k % QK_K == 0);
+    const int nb = k / QK_K;
+    if (type == QT_Q4_K) return (size_t)nb * RP_Q4K_BLOCK;
+    return rp_q6k_header(nb) + (size_t)nb * RP_Q6K_BLOCK;
+}
+
+size_t repack_bytes(uint32_t type, int rows, int k) {
+    DT_ASSERT(rows >= 0);
+    return (size_t)((rows + REPACK_ROWS - 1) / REPACK_ROWS) * repack_group_bytes(type, k);
+}
+
+/* 4-byte interleave: dst vector v lane r = src[4v .. 4v+3], for nv vectors. */
+static inline void put_lanes(uint8_t *dst, int r, const uint8_t *src, int nv) {
+    for (int v = 0; v < nv; v++) memcpy(dst + 64 * v + 4 * r, src + 4 * v, 4);
+}
+static inline void get_lanes(uint8_t *dst, const uint8_t *src, int r, int nv) {
+    for (int v = 0; v < nv; v++) memcpy(dst + 4 * v, src + 64 * v + 4 * r, 4);
+}
+
+void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
+                 int g0, int g1) {
+    DT_ASSERT(repack_supported(type) && k % QK_K == 0 && g0 >= 0 && g0 <= g1);
+    DT_ASSERT((size_t)g1 * REPACK_ROWS <= (size_t)rows + REPACK_ROWS - 1);
+    const int nb = k / QK_K;
+    const size_t gb = repack_group_bytes(type, k);
+    for (int g = g0; g < g1; g++) {
+        uint8_t *G = (uint8_t *)dst + (size_t)g * gb;
+        if ((g + 1) * REPACK_ROWS > rows) memset(G, 0, gb); /* padding rows: zero blocks */
+        else if (type == QT_Q6_K) memset(G, 0, rp_q6k_header(nb)); /* the header's padding */
+        for (int r = 0; r < REPACK_ROWS; r++) {
+            const int row = g * REPACK_ROWS + r;
+            if (row >= rows) break;
+            const uint8_t *s = (const uint8_t *)src + (size_t)row * row_bytes;
+            for (int b = 0; b < nb; b++) {
+                if (type == QT_Q4_K) {
+                    const block_q4_K *x = (const block_q4_K *)(const void *)s + b;
+                    uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+                    memcpy(B + RP_Q4K_D + 2 * r, &x->d, 2);
+                    memcpy(B + RP_Q4K_DMIN + 2 * r, &x->dmin, 2);
+                    put_lanes(B + RP_Q4K_SC, r, x->scales, 3);
+                    put_lanes(B + RP_Q4K_QS, r, x->qs, 32);
+                } else {
+                    const block_q6_K *x = (const block_q6_K *)(const void *)s + b;
+                    uint8_t *B = G + rp_q6k_header(nb) + (size_t)b * RP_Q6K_BLOCK;
+                    memcpy(G + 32 * b + 2 * r, &x->d, 2);
+                    put_lanes(B + RP_Q6K_QL, r, x->ql, 32);
+                    put_lanes(B + RP_Q6K_QH, r, x->qh, 16);
+                    for (int j = 0; j < 16; j++) B[rp_q6k_sc(j, r)] = (uint8_t)x->scales[j];
+                }
+            }
+        }
+    }
+}
+
+void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, int row, int b,
+                      void *blk) {
+    DT_ASSERT(repack_supported(type) && k % QK_K == 0 && row >= 0 && b >= 0 && b < k / QK_K);
+    const int nb = k / QK_K, r = row % REPACK_ROWS;
+    const uint8_t *G = (const uint8_t *)wp + (size_t)(row / REPACK_ROWS) * group_bytes;
+    if (type == QT_Q4_K) {
+        block_q4_K *x = blk;
+        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+        memcpy(&x->d, B + RP_Q4K_D + 2 * r, 2);
+        memcpy(&x->dmin, B + RP_Q4K_DMIN + 2 * r, 2);
+        get_lanes(x->scales, B + RP_Q4K_SC, r, 3);
+        get_lanes(x->qs, B + RP_Q4K_QS, r, 32);
+    } else {
+        block_q6_K *x = blk;
+        const uint8_t *B = G + rp_q6k_header(nb) + (size_t)b * RP_Q6K_BLOCK;
+        memcpy(&x->d, G + 32 * b + 2 * r, 2);
+        get_lanes(x->ql, B + RP_Q6K_QL, r, 32);
+        get_lanes(x->qh, B + RP_Q6K_QH, r, 16);
+        for (int j = 0; j < 16; j++) x->scales[j] = (int8_t)B[rp_q6k_sc(j, r)];
+    }
+}
+
+/* ---- scalar kernels on the repacked layout ---------------------------------------------------
+ * Read each quant straight from its interleaved position; the integer sums and the fp32 chain
+ * are the reference's (quant.c dot_kq_common / dot_q6_K), op for op. */
+
+/* Byte of row lane r at byte index i of the row's original array, in dword vectors at V. */
+static inline uint8_t lane_byte(const uint8_t *V, int r, int i) { return V[64 * (i >> 2) + 4 * r + (i & 3)]; }
+
+static float dot_q4_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++, y++) {
+        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+        uint8_t scales[K_SCALE_SIZE];
+        for (int i = 0; i < K_SCALE_SIZE; i++) scales[i] = lane_byte(B + RP_Q4K_SC, r, i);
+        fp16_t d, dmin;
+        memcpy(&d, B + RP_Q4K_D + 2 * r, 2);
+        memcpy(&dmin, B + RP_Q4K_DMIN + 2 * r, 2);
+        int32_t I = 0, M = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            quant_k_scale_min(j, scales, &sc, &m);
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++) {
+                /* weight 32j + l: qs byte 32*(j/2) + l, low nibble for even j */
+                const uint8_t byte = lane_byte(B + RP_Q4K_QS, r, 32 * (j >> 1) + l);
+                const int q = (j & 1) ? byte >> 4 : byte & 0xF;
+                s += q * y->q[32 * j + l];
+            }
+            I += (int32_t)sc * s;
+            M += (int32_t)m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+        }
+        acc = fmaf(fp16_to_f32(d) * y->d, (float)I, acc);
+        acc = fmaf(-(fp16_to_f32(dmin) * y->d), (float)M, acc);
+    }
+    return acc;
+}
+
+static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
+    float acc = 0.0f;
+    const uint8_t *B0 = G + rp_q6k_header(nb);
+    for (int b = 0; b < nb; b++, y++) {
+        const uint8_t *B = B0 + (size_t)b * RP_Q6K_BLOCK;
+        fp16_t d;
+        memcpy(&d, G + 32 * b + 2 * r, 2);
+        int32_t I = 0;
+        for (int j = 0; j < 16; j++) {
+            int32_t s = 0;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * j + l, h = e >> 7, quarter = (e >> 5) & 3, l32 = e & 31;
+                const uint8_t lo = lane_byte(B + RP_Q6K_QL, r, 64 * h + l32 + ((quarter & 1) ? 32 : 0));
+                const uint8_t hi = lane_byte(B + RP_Q6K_QH, r, 32 * h + l32);
+                const int u = ((quarter >= 2 ? lo >> 4 : lo & 0xF) | (((hi >> (2 * quarter)) & 3) << 4));
+                s += (u - 32) * y->q[e];
+            }
+            I += (int32_t)(int8_t)B[rp_q6k_sc(j, r)] * s;
+        }
+        acc = fmaf(fp16_to_f32(d) * y->d, (float)I, acc);
+    }
+    return acc;
+}
+
+#define RP_GEMM_GENERIC(NAME, DOT)                                                                 \
+    static void NAME(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,    \
+                     size_t act_bytes, int n_tok, float *out, size_t out_stride) {                 \
+        const int nb = k / QK_K;                                                                   \
+        for (int t = 0; t < n_tok; t++)                                                            \
+            for (int r = r0; r < r1; r++)                                                          \
+                out[(size_t)t * out_stride + (size_t)r] =                                          \
+                    DOT((const uint8_t *)w + (size_t)(r / REPACK_ROWS) * group_bytes,              \
+                        r % REPACK_ROWS,                                                           \
+                        (const block_q8k *)(const void *)((const uint8_t *)act +                   \
+                                                          (size_t)t * act_bytes),                  \
+                        nb);                                                                       \
+    }
+
+RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp)
+RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp)
+
+quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level) {
+    if (!repack_supported(type)) return NULL;
+    const enum cpu_level hw = cpu_level_hw();
+    if (level > hw) level = hw;
+    quant_gemm_fn f = NULL;
+    if (level >= CPU_AVX512) f = repack_gemm_avx512(type);
+    if (!f && level >= CPU_AVX2) f = repack_gemm_avx2(type);
+    if (f) return f;
+    return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
+}

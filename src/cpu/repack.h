@@ -1,0 +1,79 @@
+/* repack.h — row-interleaved ("repacked") Q4_K / Q6_K weight matrices and their gemm kernels.
+ *
+ * A repacked matrix groups 16 consecutive rows (a row group; the last group is padded with
+ * zero rows) and stores, for each block index b in ascending order, the 16 rows' block b
+ * interleaved so that one 64-byte vector holds 4 consecutive weights of each of the 16 rows
+ * (SIMD lane = row). `vpdpbusd(acc, W, broadcast(4 activation bytes))` then yields the 16
+ * rows' partial sums with no horizontal reduction, and the per-row scales sit as vectors
+ * (16 fp16 d, 16 dword lanes of 6-bit scale bytes, 16 int8 per Q6_K sub-block scale), so
+ * the kernels need no gathers. Each group is one contiguous, sequential byte range.
+ * The exact byte layouts are drawn above their code in repack.c.
+ *
+ * The kernels keep the arithmetic contract (docs/arithmetic.md): every (row, token) result
+ * is bitwise equal to quant_traits_of(type)->gemm on the original row-major matrix —
+ * integer block sums are exact, and each lane runs the reference's fp32 chain over blocks
+ * in ascending order. tests/test_repack.c proves it.
+ *
+ * Repacked data is as large as the original (Q4_K: exactly; Q6_K: plus 32 bytes per group
+ * when k/256 is odd) plus the zero padding rows of the last group. */
+#ifndef DITTO_REPACK_H
+#define DITTO_REPACK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu/cpu_quant.h"
+#include "quant.h"
+
+#define REPACK_ROWS 16 /* rows per group */
+
+/* Q4_K, Q6_K. */
+bool repack_supported(uint32_t type);
+/* Bytes of one 16-row group for row length k (a multiple of 256). Multiple of 64. */
+size_t repack_group_bytes(uint32_t type, int k);
+/* Bytes of the whole repacked matrix: ceil(rows/16) groups. */
+size_t repack_bytes(uint32_t type, int rows, int k);
+/* Repacks rows [g0*16, g1*16) of a row-major matrix (`rows` rows of `row_bytes`, row length
+ * k) into dst, the whole repacked matrix (group g at dst + g*repack_group_bytes). Rows at or
+ * beyond `rows` become zero blocks. Thread-safe for disjoint group ranges; src is only read.
+ * For best streaming speed dst should be 64-byte aligned. */
+void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
+                 int g0, int g1);
+/* Copies weight block b of row `row` back out of a repacked matrix, in the original
+ * block format (block_q4_K / block_q6_K) — the inverse of repack_rows. */
+void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, int row, int b,
+                      void *blk);
+
+/* The gemm on a repacked matrix, with quant_gemm_fn's signature:
+ *   gemm(wp, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride)
+ * wp: the repacked matrix (group 0), group_bytes: repack_group_bytes(type, k); r0 a multiple
+ * of 16, r1 > r0 anything (normally a multiple of 16 or the true row count): rows [r0, r1)
+ * are stored at out[t*out_stride + r], nothing else is written (rows of the last, partial
+ * group beyond r1 are computed but not stored). Activations as for the reference
+ * (quant_act_row / cpu_quant_act_row, QA_Q8_256). Bitwise equal to the reference gemm.
+ * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
+ * kernel) falls back to the next lower one; the generic kernel always exists. NULL for an
+ * unsupported type. */
+quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level);
+
+/* Per-level tables (repack_avx512.c, repack_avx2.c); NULL where the level has no kernel. */
+quant_gemm_fn repack_gemm_avx512(uint32_t type);
+quant_gemm_fn repack_gemm_avx2(uint32_t type);
+
+/* ---- layout constants (shared by repack.c and the SIMD kernels) ---- */
+/* Q4_K: a group is nb consecutive 2304-byte blocks. */
+#define RP_Q4K_BLOCK 2304
+#define RP_Q4K_D 0      /* fp16 d[16] */
+#define RP_Q4K_DMIN 32  /* fp16 dmin[16] */
+#define RP_Q4K_SC 64    /* 3 x 16 dwords: scales[0..3], [4..7], [8..11] of each row */
+#define RP_Q4K_QS 256   /* 32 x 64 B: vector v, lane r = qs_r[4v .. 4v+3] */
+/* Q6_K: a group is a header of nb x fp16 d[16] (padded to 64 bytes), then nb 3328-byte blocks. */
+#define RP_Q6K_BLOCK 3328
+#define RP_Q6K_QL 0     /* 32 x 64 B: vector v, lane r = ql_r[4v .. 4v+3] */
+#define RP_Q6K_QH 2048  /* 16 x 64 B: vector v, lane r = qh_r[4v .. 4v+3] */
+#define RP_Q6K_SC 3072  /* 8 x 32 B: pair p, lane r = int8 (scales_r[2p], scales_r[2p+1]) */
+static inline size_t rp_q6k_sc(int j, int r) { return RP_Q6K_SC + 32 * (size_t)(j >> 1) + 2 * (size_t)r + (size_t)(j & 1); }
+static inline size_t rp_q6k_header(int nb) { return ((size_t)nb * 32 + 63) & ~(size_t)63; }
+
+#endif

@@ -1,0 +1,246 @@
+/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q6_K matrices (layouts in repack.c),
+ * bitwise equal to the scalar reference in quant.c.
+ *
+ * A 64-byte weight vector of the layout is two ymm halves: rows 0..7 (bytes 0..31) and rows
+ * 8..15 (bytes 32..63); each half is computed on its own, lane = row. Without VNNI the 4-byte
+ * products go through vpmaddubsw (u8 quant x s8 activation -> int16 pair sums; never
+ * saturating: |pair| <= 2*15*127 = 3810 for Q4_K, 2*63*127 = 16002 for Q6_K) and are summed
+ * in int16 lanes with vpaddw while they provably fit, then vpmaddwd multiplies by the
+ * sub-block scale held as an int16 (sc, sc) pair per row, giving sc * (sum of the row's
+ * products) in int32:
+ *   Q4_K: 8 weight vectors per sub-block: each int16 lane sums 16 products, |.| <= 16*15*127 =
+ *         30480 < 2^15; I = sum_j sc_j*s_j; M = sum_j m_j*(bsum_2j + bsum_2j+1) by vpmaddwd
+ *         on int16 pairs; acc = fma(d*da, (float)I, acc); acc = fma(-(dmin*da), (float)M, acc).
+ *   Q6_K: 2 weight vectors at a time (4 products per int16 lane, <= 4*63*127 = 32004 < 2^15),
+ *         u = q + 32 unsigned; I = sum_j sc_j*s_j - 32 * sum_j sc_j*bsum_j (vpmaddwd on int16
+ *         (sc_2p, sc_2p+1) x (bsum_2p, bsum_2p+1) pairs); acc = fma(d*da, (float)I, acc).
+ * int32 bounds as in repack_avx512.c. Blocks ascend: every lane runs the reference's chain. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu/repack.h"
+
+#define AI static inline __attribute__((always_inline))
+#define TCH 4   /* tokens per chunk */
+#define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
+#ifndef RP_PF_DIST
+#define RP_PF_DIST 4096
+#endif
+
+#define GEMM_ARGS                                                                          \
+    const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,             \
+        size_t act_bytes, int n_tok, float *out, size_t out_stride
+
+#define LD(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+
+AI __m256i bcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+AI const uint8_t *launder(const uint8_t *p) {
+    __asm__("" : "+r"(p));
+    return p;
+}
+AI void pin(__m256i *v) { __asm__ volatile("" : "+x"(*v)); }
+
+AI __m256 chain(__m256 acc, __m256 d, float da, __m256i I) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(I), acc);
+}
+AI __m256 chain_neg(__m256 acc, __m256 dm, float da, __m256i M) {
+    __m256 p = _mm256_mul_ps(dm, _mm256_set1_ps(da));
+    p = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(p), _mm256_set1_epi32((int)0x80000000u)));
+    return _mm256_fmadd_ps(p, _mm256_cvtepi32_ps(M), acc);
+}
+AI __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+
+/* Per dword: bytes (n, n) -> int16 pair (b_n, b_n), zero-extended. */
+AI __m256i byte_to_wpair(__m256i v, int n) {
+    const __m256i idx = _mm256_setr_epi32((int)0x80008000 + n * 0x10001, (int)0x80048004 + n * 0x10001,
+                                          (int)0x80088008 + n * 0x10001, (int)0x800c800c + n * 0x10001,
+                                          (int)0x80008000 + n * 0x10001, (int)0x80048004 + n * 0x10001,
+                                          (int)0x80088008 + n * 0x10001, (int)0x800c800c + n * 0x10001);
+    return _mm256_shuffle_epi8(v, idx);
+}
+/* Per dword: bytes (2h, 2h+1) -> int16 pair, zero-extended. */
+AI __m256i bytes_to_words(__m256i v, int h) {
+    const int o = 0x00020002 * h;
+    const __m256i idx = _mm256_setr_epi32((int)0x80018000 + o, (int)0x80058004 + o, (int)0x80098008 + o, (int)0x800d800c + o,
+                                          (int)0x80018000 + o, (int)0x80058004 + o, (int)0x80098008 + o, (int)0x800d800c + o);
+    return _mm256_shuffle_epi8(v, idx);
+}
+
+AI void prefetch_block(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + RP_PF_DIST + o, _MM_HINT_T0);
+}
+
+/* ---- Q4_K (half h = rows 8h .. 8h+7) ---------------------------------------------------------- */
+
+AI __m256i q4k_slo(const uint8_t *B) { return _mm256_and_si256(LD(B + RP_Q4K_SC), _mm256_set1_epi8(0x3f)); }
+AI __m256i q4k_shi(const uint8_t *B) {
+    return _mm256_or_si256(_mm256_and_si256(LD(B + RP_Q4K_SC + 128), _mm256_set1_epi8(0x0f)),
+                           _mm256_and_si256(_mm256_srli_epi32(LD(B + RP_Q4K_SC), 2), _mm256_set1_epi8(0x30)));
+}
+AI __m256i q4k_mlo(const uint8_t *B) { return _mm256_and_si256(LD(B + RP_Q4K_SC + 64), _mm256_set1_epi8(0x3f)); }
+AI __m256i q4k_mhi(const uint8_t *B) {
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(LD(B + RP_Q4K_SC + 128), 4), _mm256_set1_epi8(0x0f)),
+                           _mm256_and_si256(_mm256_srli_epi32(LD(B + RP_Q4K_SC + 64), 2), _mm256_set1_epi8(0x30)));
+}
+
+/* B: the block + 32h (weight and scale vectors of the half), D: the block's d + 16h. */
+AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m256i I[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        const uint8_t *Bj = launder(B);
+        __m256i s[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
+            const __m256i W = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(W, bcast4(y[t]->q + 32 * j + 4 * i)));
+        }
+        const __m256i sc = byte_to_wpair(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            I[t] = _mm256_add_epi32(I[t], _mm256_madd_epi16(s[t], sc));
+            pin(&I[t]);
+        }
+    }
+    const __m256i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
+    const __m256i mp0 = bytes_to_words(mlo, 0), mp1 = bytes_to_words(mlo, 1), mp2 = bytes_to_words(mhi, 0),
+                  mp3 = bytes_to_words(mhi, 1);
+    const __m256 d = ld_f16x8(D), dmin = ld_f16x8(D + (RP_Q4K_DMIN - RP_Q4K_D));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        /* pair sums bp_j = bsum_2j + bsum_2j+1 (int32), packed to int16 (exact: |bp| <= 4064):
+         * in 128-bit lane L, dwords 0,1 = (bp_4L, bp_4L+1), (bp_4L+2, bp_4L+3) */
+        const __m256i bp32 = _mm256_madd_epi16(LD(y[t]->bsums), _mm256_set1_epi16(1));
+        const __m256i bp = _mm256_packs_epi32(bp32, bp32);
+        __m256i M = _mm256_madd_epi16(mp0, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(0)));
+        M = _mm256_add_epi32(M, _mm256_madd_epi16(mp1, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(1))));
+        M = _mm256_add_epi32(M, _mm256_madd_epi16(mp2, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(4))));
+        M = _mm256_add_epi32(M, _mm256_madd_epi16(mp3, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(5))));
+        __m256 a = _mm256_load_ps(acc + 16 * t);
+        a = chain(a, d, y[t]->d, I[t]);
+        a = chain_neg(a, dmin, y[t]->d, M);
+        _mm256_store_ps(acc + 16 * t, a);
+    }
+}
+
+/* ---- Q6_K (half h) ------------------------------------------------------------------------------- */
+
+AI __m256i q6k_w(const uint8_t *B, int j, int i) {
+    const int e = 4 * j + i, h = e >> 5, s = (e >> 3) & 3, n = e & 7;
+    const __m256i L = LD(B + RP_Q6K_QL + 64 * (16 * h + 8 * (s & 1) + n));
+    const __m256i H = LD(B + RP_Q6K_QH + 64 * (8 * h + n));
+    const __m256i lo = s < 2 ? _mm256_and_si256(L, _mm256_set1_epi8(0x0f))
+                             : _mm256_and_si256(_mm256_srli_epi16(L, 4), _mm256_set1_epi8(0x0f));
+    const __m256i hs = s == 0 ? _mm256_slli_epi16(H, 4) : s == 1 ? _mm256_slli_epi16(H, 2)
+                     : s == 2 ? H : _mm256_srli_epi16(H, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
+}
+/* A scale pair of the half's 8 rows from its 16 bytes at S: dword lane = int16 (sc_2p, sc_2p+1). */
+AI __m256i q6k_scpair(const uint8_t *S) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)S)); }
+
+/* B: the block + 32h (weight vectors), S: the block's scale pairs + 16h, D: its d + 16h. */
+AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_t *D, const block_q8k *const *y,
+                   float *acc) {
+    __m256i I[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
+    /* per dword m: bytes (4m, 4m+1, 4m, 4m+1) / (4m+2, 4m+3, 4m+2, 4m+3) */
+    const __m256i dup0 = _mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0d0c0d0c, 0x01000100, 0x05040504,
+                                           0x09080908, 0x0d0c0d0c);
+    const __m256i dup1 = _mm256_add_epi8(dup0, _mm256_set1_epi8(2));
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+        const uint8_t *Bj = launder(B);
+        const __m256i pr = q6k_scpair(launder(S) + 32 * (j >> 1));
+        const __m256i sc = _mm256_shuffle_epi8(pr, (j & 1) ? dup1 : dup0); /* (sc_j, sc_j) */
+        _Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
+            const __m256i W0 = q6k_w(Bj, j, i), W1 = q6k_w(Bj, j, i + 1);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(W0, bcast4(y[t]->q + 16 * j + 4 * i)),
+                                                   _mm256_maddubs_epi16(W1, bcast4(y[t]->q + 16 * j + 4 * i + 4)));
+                I[t] = _mm256_add_epi32(I[t], _mm256_madd_epi16(s, sc));
+            }
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) pin(&I[t]);
+    }
+    const __m256 d = ld_f16x8(D);
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        __m256i Bs = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+            Bs = _mm256_add_epi32(Bs, _mm256_madd_epi16(q6k_scpair(S + 32 * p), bcast4(y[t]->bsums + 2 * p)));
+        const __m256i It = _mm256_sub_epi32(I[t], _mm256_slli_epi32(Bs, 5));
+        __m256 a = _mm256_load_ps(acc + 16 * t);
+        a = chain(a, d, y[t]->d, It);
+        _mm256_store_ps(acc + 16 * t, a);
+    }
+}
+
+/* ---- the gemm ------------------------------------------------------------------------------------ */
+
+typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, const block_q8k *const *y, float *acc);
+#define DEF_T(T)                                                                                                \
+    static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
+                                                   const block_q8k *const *y, float *acc) {                     \
+        (void)S;                                                                                                \
+        q4k_tokens(T, B, D, y, acc);                                                                            \
+    }                                                                                                           \
+    static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
+                                                   const block_q8k *const *y, float *acc) {                     \
+        q6k_tokens(T, B, S, D, y, acc);                                                                         \
+    }
+DEF_T(1)
+DEF_T(2)
+DEF_T(3)
+DEF_T(4)
+static const tok_fn tok_table[2][TCH + 1] = {
+    {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4},
+    {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4},
+};
+
+static void gemm_rp(const int type, GEMM_ARGS) {
+    DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
+    const int is6 = type == QT_Q6_K;
+    const int nb = k / QK_K;
+    const size_t bb = is6 ? RP_Q6K_BLOCK : RP_Q4K_BLOCK;
+    const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
+    const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
+    float acc[TSUP * 16] __attribute__((aligned(64)));
+    const block_q8k *y[TCH];
+    for (int ts = 0; ts < n_tok; ts += TSUP) {
+        const int nt = DT_MIN(TSUP, n_tok - ts);
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
+            memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
+            if (is6) prefetch_block(G, hdr);
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *B = G + hdr + (size_t)b * bb;
+                prefetch_block(B, bb);
+                for (int h = 0; h < 2; h++)
+                    for (int tc = 0; tc < nt; tc += TCH) {
+                        const int n = DT_MIN(TCH, nt - tc);
+                        for (int t = 0; t < n; t++)
+                            y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
+                        if (is6) tok_table[1][n](B + 32 * h, B + RP_Q6K_SC + 16 * h, G + 32 * b + 16 * h, y, acc + 16 * tc + 8 * h);
+                        else tok_table[0][n](B + 32 * h, NULL, B + RP_Q4K_D + 16 * h, y, acc + 16 * tc + 8 * h);
+                    }
+            }
+            const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
+            for (int t = 0; t < nt; t++)
+                memcpy(out + (size_t)(ts + t) * out_stride + (size_t)g * REPACK_ROWS, acc + 16 * t, sizeof(float) * (size_t)nr);
+        }
+    }
+}
+
+static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
+static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
+
+quant_gemm_fn repack_gemm_avx2(uint32_t type) {
+    switch (type) {
+    case QT_Q4_K: return gemm_q4_K_rp_avx2;
+    case QT_Q6_K: return gemm_q6_K_rp_avx2;
+    default: return NULL;
+    }
+}

@@ -1,0 +1,300 @@
+/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q6_K
+ * matrices (layouts in repack.c), bitwise equal to the scalar reference in quant.c.
+ *
+ * One zmm weight vector W holds 4 consecutive quants (unsigned bytes) of each of the group's
+ * 16 rows; s = vpdpbusd(s, W, broadcast(4 activation bytes)) adds each row's 4 products into
+ * its own int32 lane, so a sub-block's per-row sums need no horizontal reduction. Then, per
+ * lane and exactly in int32:
+ *   Q4_K: I = sum_j sc_j * s_j (vpmulld), M = sum_j m_j * (bsum_2j + bsum_2j+1) (vpdpwssd on
+ *         int16 pairs), and the reference chain acc = fma(d*da, (float)I, acc);
+ *         acc = fma(-(dmin*da), (float)M, acc).
+ *   Q6_K: u = q + 32 in 0..63 goes through vpdpbusd: s_j = sum u*a; then
+ *         I = sum_j sc_j * s_j - 32 * sum_j sc_j * bsum_j (the second sum by vpdpwssd on int16
+ *         (sc_2p, sc_2p+1) x (bsum_2p, bsum_2p+1) pairs) = sum_j sc_j * sum (u-32)*a, exactly;
+ *         acc = fma(d*da, (float)I, acc).
+ * Blocks ascend, so every lane runs the reference's fp32 chain op for op.
+ *
+ * int32 bounds (|a| <= 127 activations, as quant_act_row makes; vpdpbusd/vpdpwssd/vpmulld/
+ * vpaddd are the non-saturating, wrapping forms, so only final values must fit):
+ *   Q4_K: |s_j| <= 32*15*127 = 60960, |sc_j*s_j| <= 63*60960 = 3.84e6, |I| <= 3.08e7;
+ *         |bsum pair| <= 32*127 = 4064 (int16), |M| <= 8*63*4064 = 2.05e6.
+ *   Q6_K: 0 <= |s_j| <= 16*63*127 = 128016, |sc_j*s_j| <= 128*128016 = 1.64e7, sum over 16
+ *         <= 2.62e8; |bsum_j| <= 16*127 = 2032 (int16), |sum sc_j*bsum_j| <= 16*128*2032 =
+ *         4.16e6, times 32 <= 1.33e8; final |I| <= 16*128*32*127*16 = 1.33e8. All < 2^31.
+ *
+ * Work order: per 16-row group, per block (ascending), the block's weight vectors are
+ * unpacked from memory (AND / shift of the nibble and 2-bit planes) right where they are used,
+ * for a chunk of up to 8 tokens at once (accumulators: 16 lanes x tokens; a noinline kernel
+ * per token count 1..8 keeps everything in registers); more tokens take more chunks, which
+ * find the block in L1. The 16 rows' scales are decoded in registers per chunk (no gathers).
+ * The matrix is one sequential stream per group, software-prefetched RP_PF_DIST bytes ahead:
+ * at n_tok = 1 the kernel runs at DRAM speed. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu/repack.h"
+
+#define AI static inline __attribute__((always_inline))
+#define TCH 8   /* tokens per chunk */
+#define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
+#ifndef RP_PF_DIST
+#define RP_PF_DIST 4096 /* prefetch distance in the weight stream, bytes */
+#endif
+
+#define GEMM_ARGS                                                                          \
+    const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,             \
+        size_t act_bytes, int n_tok, float *out, size_t out_stride
+
+AI __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+#define LD(p) _mm512_loadu_si512((const void *)(p))
+
+typedef struct {
+    int8_t b[4];
+} bytes4;
+/* acc += vpdpbusd(W, broadcast of the 4 bytes at p), with the broadcast folded into the
+ * instruction's memory operand ({1to16}; the compiler emits a separate vpbroadcastd). */
+AI __m512i dp_bcast(__m512i acc, __m512i W, const int8_t *p) {
+#ifdef RP_NO_ASM
+    return _mm512_dpbusd_epi32(acc, W, bcast4(p));
+#else
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(W), "m"(*(const bytes4 *)(const void *)p));
+    return acc;
+#endif
+}
+
+AI void prefetch_block(const uint8_t *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + RP_PF_DIST + o, _MM_HINT_T0);
+}
+
+/* acc = fma(d*da, (float)I, acc) per lane — the reference's two roundings. */
+AI __m512 chain(__m512 acc, __m512 d, float da, __m512i I) {
+    return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(I), acc);
+}
+/* acc = fma(-(dm*da), (float)M, acc). */
+AI __m512 chain_neg(__m512 acc, __m512 dm, float da, __m512i M) {
+    __m512 p = _mm512_mul_ps(dm, _mm512_set1_ps(da));
+    p = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(p), _mm512_set1_epi32((int)0x80000000u)));
+    return _mm512_fmadd_ps(p, _mm512_cvtepi32_ps(M), acc);
+}
+
+/* An opaque copy of a pointer: loads through it cannot be merged with loads through the
+ * original, so the compiler re-loads weight vectors (cheap L1 hits) instead of keeping
+ * dozens of them live in registers and spilling. */
+AI const uint8_t *launder(const uint8_t *p) {
+    __asm__("" : "+r"(p));
+    return p;
+}
+
+/* Makes the compiler produce *v here, in a register: keeps each sub-block's vpmulld/vpaddd
+ * in place instead of letting the scheduler sink them (and spill the partial sums). */
+AI void pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
+
+/* ---- Q4_K ----------------------------------------------------------------------------------
+ * Weight vector (j, i), j = sub-block 0..7, i = 0..7: weights 32j + 4i .. +3 of the 16 rows =
+ * low (j even) or high (j odd) nibbles of Q[8*(j/2) + i]; activation bytes q[32j + 4i .. +3].
+ * Scales: quant_k_scale_min for 16 rows at once from the three dword vectors SC0..SC2 —
+ * byte n of lane r of slo/shi/mlo/mhi = sc_n / sc_4+n / m_n / m_4+n of row r. */
+
+AI __m512i q4k_slo(const uint8_t *B) { return _mm512_and_si512(LD(B + RP_Q4K_SC), _mm512_set1_epi8(0x3f)); }
+AI __m512i q4k_shi(const uint8_t *B) {
+    return _mm512_or_si512(_mm512_and_si512(LD(B + RP_Q4K_SC + 128), _mm512_set1_epi8(0x0f)),
+                           _mm512_and_si512(_mm512_srli_epi32(LD(B + RP_Q4K_SC), 2), _mm512_set1_epi8(0x30)));
+}
+AI __m512i q4k_mlo(const uint8_t *B) { return _mm512_and_si512(LD(B + RP_Q4K_SC + 64), _mm512_set1_epi8(0x3f)); }
+AI __m512i q4k_mhi(const uint8_t *B) {
+    return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(LD(B + RP_Q4K_SC + 128), 4), _mm512_set1_epi8(0x0f)),
+                           _mm512_and_si512(_mm512_srli_epi32(LD(B + RP_Q4K_SC + 64), 2), _mm512_set1_epi8(0x30)));
+}
+/* byte n of each dword -> zero-extended dword (vpshufb; index bytes 0x80 give zero) */
+AI __m512i byte_to_dword(__m512i v, int n) {
+    const __m512i idx = _mm512_set4_epi32((int)0x8080800c + n, (int)0x80808008 + n, (int)0x80808004 + n, (int)0x80808000 + n);
+    return _mm512_shuffle_epi8(v, idx);
+}
+/* bytes (2h, 2h+1) of each dword -> two zero-extended int16 */
+AI __m512i bytes_to_words(__m512i v, int h) {
+    const int o = 0x00020002 * h;
+    const __m512i idx = _mm512_set4_epi32((int)0x800d800c + o, (int)0x80098008 + o, (int)0x80058004 + o, (int)0x80018000 + o);
+    return _mm512_shuffle_epi8(v, idx);
+}
+
+AI __m512i q4k_w(const uint8_t *B, int j, int i) {
+    const __m512i Q = LD(B + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
+    const __m512i m = _mm512_set1_epi8(0x0f);
+    return (j & 1) ? _mm512_and_si512(_mm512_srli_epi16(Q, 4), m) : _mm512_and_si512(Q, m);
+}
+
+/* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats. */
+AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc) {
+    __m512i I[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        const uint8_t *Bj = launder(B);
+        __m512i s[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const __m512i W = q4k_w(Bj, j, i);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                s[t] = dp_bcast(s[t], W, y[t]->q + 32 * j + 4 * i);
+        }
+        const __m512i sc = byte_to_dword(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(s[t], sc));
+            pin(&I[t]);
+        }
+    }
+    const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
+    const __m512i mp0 = bytes_to_words(mlo, 0), mp1 = bytes_to_words(mlo, 1), mp2 = bytes_to_words(mhi, 0),
+                  mp3 = bytes_to_words(mhi, 1);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        /* (bsum_2j + bsum_2j+1) for j = 0..7 as int16; dword p = pairs (2p, 2p+1) */
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y[t]->bsums);
+        const __m128i bp = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
+        __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp0, _mm512_broadcastd_epi32(bp));
+        M = _mm512_dpwssd_epi32(M, mp1, _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 1)));
+        M = _mm512_dpwssd_epi32(M, mp2, _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 2)));
+        M = _mm512_dpwssd_epi32(M, mp3, _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
+        __m512 a = _mm512_load_ps(acc + 16 * t);
+        a = chain(a, d, y[t]->d, I[t]);
+        a = chain_neg(a, dmin, y[t]->d, M);
+        _mm512_store_ps(acc + 16 * t, a);
+    }
+}
+
+/* ---- Q6_K ----------------------------------------------------------------------------------
+ * Weight vector (j, i), j = sub-block 0..15, i = 0..3: u of weights 16j + 4i .. +3; with
+ * e = 4j + i, h = e/32, s = (e/8)%4, n = e%8: low nibble of L[16h + 8*(s&1) + n] (s < 2) or
+ * its high nibble (s >= 2), high two bits = bits 2s..2s+1 of Hh[8h + n]. */
+
+AI __m512i q6k_w(const uint8_t *B, int j, int i) {
+    const int e = 4 * j + i, h = e >> 5, s = (e >> 3) & 3, n = e & 7;
+    const __m512i L = LD(B + RP_Q6K_QL + 64 * (16 * h + 8 * (s & 1) + n));
+    const __m512i H = LD(B + RP_Q6K_QH + 64 * (8 * h + n));
+    const __m512i lo = s < 2 ? _mm512_and_si512(L, _mm512_set1_epi8(0x0f))
+                             : _mm512_and_si512(_mm512_srli_epi16(L, 4), _mm512_set1_epi8(0x0f));
+    /* bits 2s..2s+1 to bits 4..5 (16-bit shifts; the bits that cross bytes are masked off) */
+    const __m512i hs = s == 0 ? _mm512_slli_epi16(H, 4) : s == 1 ? _mm512_slli_epi16(H, 2)
+                     : s == 2 ? H : _mm512_srli_epi16(H, 2);
+    return _mm512_or_si512(lo, _mm512_and_si512(hs, _mm512_set1_epi8(0x30)));
+}
+
+/* Scale pair p of the 16 rows: dword lane r = int16 (sc_2p, sc_2p+1), sign-extended. */
+AI __m512i q6k_scpair(const uint8_t *B, int p) {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q6K_SC + 32 * p)));
+}
+
+/* T tokens against one Q6_K block B whose 16 fp16 d are at D.
+ * I = sum_j sc_j * s_j - 32 * sum_j sc_j * bsum_j, with s_j = sum u*a over sub-block j
+ * (vpdpbusd, u = q + 32 unsigned) and the second sum by vpdpwssd on int16 pairs. */
+AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
+    __m512i I[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+        const uint8_t *Bj = launder(B);
+        __m512i s[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            const __m512i W = q6k_w(Bj, j, i);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                s[t] = dp_bcast(s[t], W, y[t]->q + 16 * j + 4 * i);
+        }
+        const __m512i pr = q6k_scpair(Bj, j >> 1);
+        const __m512i sc = (j & 1) ? _mm512_srai_epi32(pr, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(s[t], sc));
+            pin(&I[t]);
+        }
+    }
+    __m512i Bs[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) Bs[t] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {
+        const __m512i pr = q6k_scpair(B, p);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+            Bs[t] = _mm512_dpwssd_epi32(Bs[t], pr, bcast4((const int8_t *)(const void *)(y[t]->bsums + 2 * p)));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)D));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        const __m512i It = _mm512_sub_epi32(I[t], _mm512_slli_epi32(Bs[t], 5));
+        __m512 a = _mm512_load_ps(acc + 16 * t);
+        a = chain(a, d, y[t]->d, It);
+        _mm512_store_ps(acc + 16 * t, a);
+    }
+}
+
+/* ---- the gemm ------------------------------------------------------------------------------ */
+
+/* One noinline kernel per (type, token count): T tokens x one block. */
+typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc);
+#define DEF_T(T)                                                                                              \
+    static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                   float *acc) {                                              \
+        (void)D;                                                                                              \
+        q4k_tokens(T, B, y, acc);                                                                             \
+    }                                                                                                         \
+    static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                   float *acc) {                                              \
+        q6k_tokens(T, B, D, y, acc);                                                                          \
+    }
+DEF_T(1)
+DEF_T(2)
+DEF_T(3)
+DEF_T(4)
+DEF_T(5)
+DEF_T(6)
+DEF_T(7)
+DEF_T(8)
+static const tok_fn tok_table[2][TCH + 1] = {
+    {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4, q4k_t5, q4k_t6, q4k_t7, q4k_t8},
+    {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4, q6k_t5, q6k_t6, q6k_t7, q6k_t8},
+};
+
+static void gemm_rp(const int type, GEMM_ARGS) {
+    DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
+    const int is6 = type == QT_Q6_K;
+    const int nb = k / QK_K;
+    const size_t bb = is6 ? RP_Q6K_BLOCK : RP_Q4K_BLOCK;
+    const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
+    const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
+    float acc[TSUP * 16] __attribute__((aligned(64)));
+    const block_q8k *y[TCH];
+    for (int ts = 0; ts < n_tok; ts += TSUP) {
+        const int nt = DT_MIN(TSUP, n_tok - ts);
+        for (int g = g0; g < g1; g++) {
+            const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
+            memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
+            if (is6) prefetch_block(G, hdr);
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *B = G + hdr + (size_t)b * bb;
+                prefetch_block(B, bb);
+                /* chunks of up to 8 tokens; the block stays in L1 between them */
+                for (int tc = 0; tc < nt; tc += TCH) {
+                    const int n = DT_MIN(TCH, nt - tc);
+                    for (int t = 0; t < n; t++)
+                        y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
+                    tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc);
+                }
+            }
+            const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
+            const __mmask16 m = (__mmask16)((1u << nr) - 1u);
+            for (int t = 0; t < nt; t++)
+                _mm512_mask_storeu_ps(out + (size_t)(ts + t) * out_stride + (size_t)g * REPACK_ROWS, m,
+                                      _mm512_load_ps(acc + 16 * t));
+        }
+    }
+}
+
+static void gemm_q4_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q4_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
+static void gemm_q6_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q6_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
+
+quant_gemm_fn repack_gemm_avx512(uint32_t type) {
+    switch (type) {
+    case QT_Q4_K: return gemm_q4_K_rp_avx512;
+    case QT_Q6_K: return gemm_q6_K_rp_avx512;
+    default: return NULL;
+    }
+}

@@ -1,0 +1,318 @@
+/* test_repack.c — repacked (row-interleaved) Q4_K / Q6_K matrices (src/cpu/repack.c,
+ * repack_avx*.c): the repack round-trips, split repacks equal whole ones, and the repacked
+ * gemm at every level (generic, avx2, avx512 where the CPU has them) is bitwise equal to the
+ * reference gemm (quant_traits_of(type)->gemm) on the original row-major matrix, with nothing
+ * written outside rows [r0, r1) x tokens. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "cpu/cpu_quant.h"
+#include "cpu/repack.h"
+#include "quant.h"
+#include "test.h"
+
+/* ---- rng ------------------------------------------------------------------------------ */
+
+static uint64_t rng_s = 0x2545F4914F6CDD1DULL;
+static uint64_t rnd(void) {
+    uint64_t z = (rng_s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+static int rndi(int n) { return (int)(rnd() % (uint64_t)n); }
+static float rndu(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
+static float rnds(void) { return 2.0f * rndu() - 1.0f; }
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- weights ---------------------------------------------------------------------------- */
+
+/* A finite fp16 scale: sane, or adversarially zero, subnormal, smallest normal, 65504. */
+static fp16_t rnd_fp16_scale(int adv) {
+    const uint16_t sign = (uint16_t)(rndi(2) << 15);
+    if (adv) {
+        switch (rndi(6)) {
+        case 0: return sign;
+        case 1: return (uint16_t)(sign | (1 + rndi(0x3FF)));
+        case 2: return (uint16_t)(sign | 0x0400 | rndi(0x3FF));
+        case 3: return (uint16_t)(sign | 0x7BFF);
+        default: break;
+        }
+    }
+    const int e = 3 + rndi(18);
+    return (uint16_t)(sign | (e << 10) | rndi(0x400));
+}
+
+/* Random well-formed blocks; adv adds max-quant blocks (every quant bit set, 6-bit scales 63 /
+ * int8 scales -128 or 127), zero-scale blocks and extreme fp16 d. */
+static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
+    const quant_traits *tr = quant_traits_of(type);
+    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)rnd();
+    const size_t nb = nbytes / tr->bytes;
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *blk = w + b * tr->bytes;
+        if (adv) {
+            switch (rndi(5)) {
+            case 0: memset(blk, 0xFF, tr->bytes); break; /* max quants, max scales */
+            case 1: /* zero sub-block scales (and mins) */
+                if (type == QT_Q4_K) memset(((block_q4_K *)(void *)blk)->scales, 0, K_SCALE_SIZE);
+                else memset(((block_q6_K *)(void *)blk)->scales, 0, 16);
+                break;
+            case 2:
+                if (type == QT_Q6_K) { /* max |q - 32| with the most negative scales */
+                    memset(blk, 0, tr->bytes);
+                    memset(((block_q6_K *)(void *)blk)->scales, rndi(2) ? 0x80 : 0x7F, 16);
+                } else {
+                    memset(blk, 0xFF, tr->bytes);
+                    memset(((block_q4_K *)(void *)blk)->qs, rndi(2) ? 0x00 : 0xFF, QK_K / 2);
+                }
+                break;
+            default: break;
+            }
+        }
+        fp16_t d = rnd_fp16_scale(adv), dm = rnd_fp16_scale(adv);
+        if (type == QT_Q4_K) {
+            memcpy(&((block_q4_K *)(void *)blk)->d, &d, 2);
+            memcpy(&((block_q4_K *)(void *)blk)->dmin, &dm, 2);
+        } else {
+            memcpy(&((block_q6_K *)(void *)blk)->d, &d, 2);
+        }
+    }
+}
+
+/* ---- activations ------------------------------------------------------------------------- */
+
+static void fill_act_f32(float *x, int k, int adv) {
+    for (int i0 = 0; i0 < k; i0 += 32) {
+        float *v = x + i0;
+        const float sc = powf(2.0f, (float)(rndi(16) - 8));
+        for (int i = 0; i < 32; i++) v[i] = rnds() * sc;
+        switch (adv ? rndi(8) : 0) {
+        case 1: for (int i = 0; i < 32; i++) v[i] = 0.0f; break;
+        case 2: for (int i = 0; i < 32; i++) v[i] = rnds() * 1e20f; break;
+        case 3: for (int i = 0; i < 32; i++) v[i] = rndi(3) ? 0.0f : rnds(); break;
+        case 4: for (int i = 0; i < 32; i++) v[i] = rnds() * 1e-30f; break;
+        case 5: for (int i = 0; i < 32; i++) v[i] = (float)(rndi(255) - 127); break;
+        default: break;
+        }
+    }
+}
+
+/* One activation row of k values (QA_Q8_256); adversarially some 256-blocks are made
+ * directly: all-zero, or every |q| = 127 (one sign or random signs), with a random d. */
+static void make_act(uint8_t *dst, int k, int adv, float *xf) {
+    fill_act_f32(xf, k, adv);
+    quant_act_row(QA_Q8_256, xf, dst, k);
+    if (!adv) return;
+    block_q8k *b = (block_q8k *)(void *)dst;
+    for (int i = 0; i < k / QK_K; i++) {
+        const int kind = rndi(6);
+        if (kind >= 3) continue;
+        for (int l = 0; l < QK_K; l++)
+            b[i].q[l] = (int8_t)(kind == 0 ? 0 : kind == 1 ? (rndi(2) ? 127 : -127) : (i & 1 ? -127 : 127));
+        b[i].d = kind == 0 ? 0.0f : bitsf(fbits(1.0f) + (uint32_t)rndi(1 << 23)) * powf(2.0f, (float)(rndi(40) - 20));
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += b[i].q[16 * j + l];
+            b[i].bsums[j] = (int16_t)s;
+        }
+    }
+}
+
+/* ---- the comparison ------------------------------------------------------------------------ */
+
+static enum cpu_level g_max;
+static int n_cases;
+
+static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, int wadv, int aadv) {
+    const quant_traits *tr = quant_traits_of(type);
+    const size_t rb = quant_row_bytes(type, k), ab = quant_act_bytes(QA_Q8_256, k);
+    const size_t gb = repack_group_bytes(type, k);
+    uint8_t *w = xmalloc(rb * (size_t)R);
+    fill_weights(type, w, rb * (size_t)R, wadv);
+    const int ng = (R + 15) / 16;
+    uint8_t *wp = xaligned(repack_bytes(type, R, k));
+    /* repack in two pieces, as parallel loaders would */
+    const int gs = rndi(ng + 1);
+    repack_rows(type, w, rb, R, k, wp, gs, ng);
+    repack_rows(type, w, rb, R, k, wp, 0, gs);
+    float *xf = xmalloc((size_t)k * 4);
+    uint8_t *a = xmalloc(ab * (size_t)n_tok);
+    for (int t = 0; t < n_tok; t++) make_act(a + (size_t)t * ab, k, aadv, xf);
+    const size_t stride = (size_t)ng * 16 + 3;
+    const size_t on = stride * (size_t)n_tok;
+    float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
+    for (size_t i = 0; i < on; i++) ref[i] = bitsf(0x7FC0DEAD);
+    tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
+    for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
+        const quant_gemm_fn f = repack_gemm(type, (enum cpu_level)lv);
+        for (size_t i = 0; i < on; i++) got[i] = bitsf(0x7FC0DEAD);
+        f(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
+        const int bad = memcmp(ref, got, on * 4) != 0;
+        if (bad)
+            for (size_t i = 0; i < on; i++)
+                if (fbits(ref[i]) != fbits(got[i])) {
+                    fprintf(stderr, "  first diff at tok %zu row %zu: ref %a (%08x) got %a (%08x)\n", i / stride,
+                            i % stride, ref[i], fbits(ref[i]), got[i], fbits(got[i]));
+                    break;
+                }
+        CHECK(!bad, "%s %s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal to the reference",
+              tr->name, cpu_level_name((enum cpu_level)lv), R, r0, r1, n_tok, k, wadv, aadv);
+    }
+    n_cases++;
+    free(w), free(wp), free(xf), free(a), free(ref), free(got);
+}
+
+/* r0: a multiple of 16 below R; r1: a multiple of 16 above r0 or R (sometimes any row). */
+static void rnd_range(int R, int *r0, int *r1) {
+    const int ng = (R + 15) / 16;
+    *r0 = 16 * rndi(ng);
+    const int c = rndi(4);
+    if (c == 0) *r1 = R;
+    else if (c == 3) *r1 = *r0 + 1 + rndi(R - *r0);
+    else {
+        const int e = *r0 + 16 * (1 + rndi(ng - *r0 / 16));
+        *r1 = DT_MIN(R, e);
+    }
+}
+
+static const int KS[] = {256, 512, 768, 1280, 2048, 4096};
+#define NK 6
+
+static void test_gemm(uint32_t type) {
+    const int before = test_failed, c0 = n_cases;
+    /* every row count 1..70 (twice), random range, k and token count */
+    for (int R = 1; R <= 70; R++)
+        for (int rep = 0; rep < 2; rep++) {
+            int r0, r1;
+            rnd_range(R, &r0, &r1);
+            gemm_case(type, R, r0, r1, 1 + rndi(R % 3 ? 4 : 12), KS[rndi(NK)], (R + rep) & 1, ((R >> 1) + rep) & 1);
+        }
+    /* every token count 1..20, and 33, 64, 65, 70 (more than one accumulator set) */
+    static const int NT_EXTRA[] = {33, 64, 65, 70};
+    for (int nt = 1; nt <= 24; nt++) {
+        const int n = nt <= 20 ? nt : NT_EXTRA[nt - 21];
+        for (int rep = 0; rep < 4; rep++) {
+            const int R = 1 + rndi(70);
+            int r0, r1;
+            rnd_range(R, &r0, &r1);
+            gemm_case(type, R, r0, r1, n, KS[rndi(n > 20 ? 3 : NK)], rep & 1, (rep >> 1) & 1);
+        }
+    }
+    /* every k: full and sub ranges, both adversarial settings */
+    for (int i = 0; i < NK; i++) {
+        gemm_case(type, 48, 0, 48, 1 + rndi(9), KS[i], i & 1, 1);
+        gemm_case(type, 67, 16, 64, 1 + rndi(9), KS[i], 1, i & 1);
+        gemm_case(type, 67, 48, 67, 9 + rndi(9), KS[i], 0, 0);
+        gemm_case(type, 16, 0, 16, 8, KS[i], 1, 1);
+    }
+    /* random everything */
+    for (int rep = 0; rep < 100; rep++) {
+        const int R = 1 + rndi(70);
+        int r0, r1;
+        rnd_range(R, &r0, &r1);
+        gemm_case(type, R, r0, r1, 1 + rndi(rep % 5 ? 12 : 40), KS[rndi(NK)], rndi(2), rndi(2));
+    }
+    CHECK(test_failed == before, "%s: all %d repacked gemm cases bitwise equal", quant_traits_of(type)->name,
+          n_cases - c0);
+}
+
+/* Round trip: repack_get_block returns every original block; padding rows are zero;
+ * a misaligned repacked matrix gives the same results. */
+static void test_layout(uint32_t type) {
+    const quant_traits *tr = quant_traits_of(type);
+    const int R = 37, k = 768, nb = k / QK_K;
+    const size_t rb = quant_row_bytes(type, k), gb = repack_group_bytes(type, k);
+    CHECK(gb % 64 == 0, "%s group bytes %zu multiple of 64", tr->name, gb);
+    CHECK(repack_bytes(type, R, k) == 3 * gb, "%s repack_bytes", tr->name);
+    if (type == QT_Q4_K) CHECK(gb == 16 * rb, "Q4_K repacked group = 16 rows exactly (%zu vs %zu)", gb, 16 * rb);
+    else CHECK(gb == 16 * rb + 32, "Q6_K repacked group (odd nb) = 16 rows + 32 B (%zu vs %zu)", gb, 16 * rb);
+    CHECK(repack_group_bytes(QT_Q6_K, 2048) == 16 * quant_row_bytes(QT_Q6_K, 2048), "Q6_K even nb: no overhead");
+    uint8_t *w = xmalloc(rb * R);
+    fill_weights(type, w, rb * R, 1);
+    const size_t tot = repack_bytes(type, R, k);
+    uint8_t *wp = xaligned(tot + 64);
+    memset(wp, 0xA5, tot);
+    repack_rows(type, w, rb, R, k, wp, 0, 3);
+    int bad = 0, padbad = 0;
+    for (int r = 0; r < 48; r++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t blk[256];
+            repack_get_block(type, wp, gb, k, r, b, blk);
+            if (r < R) {
+                if (memcmp(blk, w + (size_t)r * rb + (size_t)b * tr->bytes, tr->bytes)) bad++;
+            } else {
+                for (uint32_t i = 0; i < tr->bytes; i++) padbad += blk[i] != 0;
+            }
+        }
+    CHECK(!bad, "%s: %d blocks do not round-trip", tr->name, bad);
+    /* the repacked bytes are a function of the source alone (no stale destination bytes) */
+    uint8_t *wz = xaligned(tot);
+    repack_rows(type, w, rb, R, k, wz, 1, 3);
+    repack_rows(type, w, rb, R, k, wz, 0, 1);
+    CHECK(!memcmp(wz, wp, tot), "%s: repacked bytes depend on the destination's old contents", tr->name);
+    free(wz);
+    CHECK(!padbad, "%s: padding rows not zero (%d bytes)", tr->name, padbad);
+    /* unaligned copy of the repacked matrix */
+    uint8_t *wu = xmalloc(tot + 8);
+    memcpy(wu + 4, wp, tot);
+    const size_t ab = quant_act_bytes(QA_Q8_256, k);
+    float xf[768];
+    uint8_t *a = xmalloc(ab * 3);
+    for (int t = 0; t < 3; t++) make_act(a + t * ab, k, 1, xf);
+    float ref[3 * 40], got[3 * 40];
+    tr->gemm(w, rb, 0, R, k, a, ab, 3, ref, 40);
+    for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
+        memset(got, 0, sizeof got);
+        repack_gemm(type, (enum cpu_level)lv)(wu + 4, gb, 0, R, k, a, ab, 3, got, 40);
+        int diff = 0;
+        for (int t = 0; t < 3; t++) diff |= memcmp(ref + 40 * t, got + 40 * t, (size_t)R * 4);
+        CHECK(!diff, "%s %s: unaligned repacked matrix", tr->name, cpu_level_name((enum cpu_level)lv));
+    }
+    free(w), free(wp), free(wu), free(a);
+}
+
+static void test_api(void) {
+    CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q6_K), "Q4_K, Q6_K supported");
+    CHECK(!repack_supported(QT_Q4_0) && !repack_supported(QT_F32) && !repack_supported(QT_Q5_K), "others not");
+    CHECK(repack_gemm(QT_Q4_0, CPU_AVX512) == NULL, "no gemm for an unsupported type");
+    for (int lv = CPU_GENERIC; lv <= CPU_AVX512; lv++)
+        CHECK(repack_gemm(QT_Q4_K, (enum cpu_level)lv) && repack_gemm(QT_Q6_K, (enum cpu_level)lv),
+              "a kernel at every level");
+    CHECK(repack_bytes(QT_Q4_K, 0, 256) == 0 && repack_bytes(QT_Q4_K, 17, 256) == 2 * 16 * 144, "repack_bytes");
+    /* the best level really dispatches to its own kernels */
+    if (g_max >= CPU_AVX512)
+        CHECK(repack_gemm(QT_Q4_K, CPU_AVX512) == repack_gemm_avx512(QT_Q4_K) && repack_gemm_avx512(QT_Q6_K) &&
+                  repack_gemm(QT_Q6_K, CPU_AVX512) == repack_gemm_avx512(QT_Q6_K),
+              "avx512 dispatch");
+    if (g_max >= CPU_AVX2)
+        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2) == repack_gemm_avx2(QT_Q4_K) && repack_gemm_avx2(QT_Q6_K) &&
+                  repack_gemm(QT_Q6_K, CPU_AVX2) == repack_gemm_avx2(QT_Q6_K),
+              "avx2 dispatch");
+    CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC) != repack_gemm_avx2(QT_Q4_K), "generic is its own kernel");
+}
+
+int main(void) {
+    g_max = cpu_level_hw();
+    printf("repack: levels generic..%s\n", cpu_level_name(g_max));
+    const double t0 = time_now();
+    test_api();
+    test_layout(QT_Q4_K);
+    test_layout(QT_Q6_K);
+    test_gemm(QT_Q4_K);
+    test_gemm(QT_Q6_K);
+    printf("  %d gemm cases x %d levels in %.1f s\n", n_cases, (int)g_max + 1, time_now() - t0);
+    return test_summary();
+}
