@@ -103,6 +103,8 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
         return cp;
     }
     cp->mem = mem;
+    /* transparent huge pages where the kernel allows: 512x fewer faults while repacking, fewer TLB misses after */
+    madvise(mem, cp->bytes, MADV_HUGEPAGE);
     long groups = 0;
     for (int i = 0; i < cp->n; i++) {
         prep_weight *pw = &cp->items[i];
