@@ -5,6 +5,7 @@
 
 #include "cpu/attn.h"
 #include "cpu/cpu_quant.h"
+#include "cpu/vec.h"
 #include "mathx.h"
 #include "test.h"
 
@@ -48,6 +49,24 @@ int main(void) {
             }
         }
         free(K), free(V), free(q), free(a), free(b), free(s1), free(s2);
+    }
+    /* SwiGLU: avx512 == generic over ordinary, huge, tiny, zero, inf and NaN inputs, odd lengths */
+    {
+        int n = 1000;
+        float *g = xaligned(sizeof(float) * (size_t)n), *u = xaligned(sizeof(float) * (size_t)n);
+        float *h1 = xaligned(sizeof(float) * (size_t)n), *h2 = xaligned(sizeof(float) * (size_t)n);
+        for (int i = 0; i < n; i++) {
+            float amp = i % 5 == 0 ? 200.0f : i % 5 == 1 ? 1e-30f : 8.0f;
+            g[i] = frand() * amp;
+            u[i] = frand() * 3.0f;
+        }
+        g[3] = 0.0f, g[4] = -0.0f, g[7] = INFINITY, g[8] = -INFINITY, g[9] = NAN, g[10] = 88.5f, g[11] = -87.4f;
+        for (int len = 1; len <= n; len += 37) {
+            vec_swiglu_generic(g, u, h1, len);
+            vec_swiglu_avx512(g, u, h2, len);
+            CHECK(memcmp(h1, h2, sizeof(float) * (size_t)len) == 0, "swiglu length %d: avx512 != generic", len);
+        }
+        free(g), free(u), free(h1), free(h2);
     }
     /* exp16 agrees with mathx_exp through the attention path: also check the scalar exp at edges */
     CHECK(mathx_exp(0.0f) == 1.0f && mathx_exp(-100.0f) == 0.0f && isinf(mathx_exp(100.0f)), "exp edges");

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "cpu/cpu_quant.h"
+#include "cpu/vec.h"
 #include "mathx.h"
 
 static inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
@@ -43,4 +44,12 @@ void attn_head_generic(const float *q, const fp16_t *K, const fp16_t *V, int pos
 attn_fn attn_select(int cpu_level, int hd) {
     if (cpu_level >= CPU_AVX512 && hd % 16 == 0 && hd <= 256) return attn_head_avx512;
     return attn_head_generic;
+}
+
+void vec_swiglu_generic(const float *g, const float *u, float *h, int n) {
+    for (int i = 0; i < n; i++) h[i] = mathx_silu(g[i]) * u[i];
+}
+
+vec_swiglu_fn vec_swiglu_select(int cpu_level) {
+    return cpu_level >= CPU_AVX512 ? vec_swiglu_avx512 : vec_swiglu_generic;
 }

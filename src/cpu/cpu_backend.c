@@ -12,6 +12,7 @@
 #include "cpu/attn.h"
 #include "cpu/cpu_quant.h"
 #include "cpu/prepared.h"
+#include "cpu/vec.h"
 #include "cpu/repack.h"
 #include "mathx.h"
 #include "pool.h"
@@ -65,6 +66,7 @@ typedef struct cpu_state {
     float *scores;                          /* [nth][scratch_stride] attention scratch */
     size_t scratch_stride;                  /* ctx + 2*head_dim floats, rounded to 64 B */
     attn_fn attn;
+    vec_swiglu_fn swiglu;
     int ffn;                                /* n_ff_exp or n_ff */
     int n_pairs_max;
     gemm_job jobs[MAX_JOBS];
@@ -315,7 +317,7 @@ static void swiglu_task(void *ctx, int ith, int nth) {
     pool_split(c->n_out, 1, ith, nth, &p0, &p1);
     for (int p = p0; p < p1; p++) {
         float *g = st->g + (size_t)p * F, *u = st->u + (size_t)p * F, *h = st->h + (size_t)p * F;
-        for (int i = 0; i < F; i++) h[i] = mathx_silu(g[i]) * u[i];
+        st->swiglu(g, u, h, F);
         act_row(st, &st->a_ff, h, p, mask3(c));
     }
 }
@@ -584,6 +586,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->scratch_stride = ((size_t)ctx + 2 * (size_t)hd + 15) & ~(size_t)15;
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
     st->attn = attn_select(st->level, hd);
+    st->swiglu = vec_swiglu_select(st->level);
     st->pool = pool_create(st->nth);
     st->prep = cpu_prepared_get(m, st->pool);
     *state = st;

@@ -1,0 +1,35 @@
+/* exp_avx512.h — mathx_exp on 16 lanes (include only from *_avx512.c files). */
+#ifndef DITTO_EXP_AVX512_H
+#define DITTO_EXP_AVX512_H
+
+#include <immintrin.h>
+#include <math.h>
+
+#include "mathx.h"
+
+/* mathx_exp on 16 lanes, the same operations in the same order. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(MATHX_EXP_LO), hi = _mm512_set1_ps(MATHX_EXP_HI);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 z = _mm512_mul_ps(r, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, z, r), _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    /* lanes outside [LO, HI] or NaN: the scalar special cases (computed garbage discarded) */
+    __mmask16 small = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), big = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __mmask16 normal = (__mmask16) ~(small | big | nan);
+    __m512 res = _mm512_maskz_mul_ps(normal, y, _mm512_castsi512_ps(e));
+    res = _mm512_mask_mov_ps(res, big, _mm512_set1_ps(INFINITY));
+    return _mm512_mask_mov_ps(res, nan, x);
+}
+
+#endif
