@@ -31,6 +31,7 @@ typedef struct gemm_job {
     int n_tok;
     float *out;
     size_t out_stride;
+    uint64_t unit_bytes; /* weight bytes of one GEMM_UNIT of rows (in the file layout) */
 } gemm_job;
 
 /* Activations of one input width in every format a weight may ask for. */
@@ -130,24 +131,35 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     j->n_tok = n_tok;
     j->out = out;
     j->out_stride = out_stride;
+    j->unit_bytes = (uint64_t)w->row_bytes * GEMM_UNIT;
     st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
 }
 
+/* Cost of one 16-row unit of a job: its weight bytes, plus work per token. */
+static uint64_t unit_cost(const gemm_job *j) { return j->unit_bytes * (uint64_t)(3 + j->n_tok); }
+
+/* Every unit of every queued job, split over threads in contiguous ranges of equal cost
+ * (a thread's share is a span of the jobs' concatenated units; the split never affects
+ * results, only balance). */
 static void jobs_task(void *ctx, int ith, int nth) {
     cpu_state *st = ctx;
-    int total = 0;
-    for (int i = 0; i < st->n_jobs; i++) total += (st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT;
-    int u0, u1;
-    pool_split(total, 1, ith, nth, &u0, &u1);
-    int base = 0;
-    for (int i = 0; i < st->n_jobs && base < u1; i++) {
+    uint64_t total = 0;
+    for (int i = 0; i < st->n_jobs; i++)
+        total += unit_cost(&st->jobs[i]) * (uint64_t)((st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT);
+    uint64_t c0 = total * (uint64_t)ith / (uint64_t)nth, c1 = total * (uint64_t)(ith + 1) / (uint64_t)nth, base = 0;
+    for (int i = 0; i < st->n_jobs && base < c1; i++) {
         const gemm_job *j = &st->jobs[i];
-        int units = (j->rows + GEMM_UNIT - 1) / GEMM_UNIT;
-        int a = DT_MAX(u0, base) - base, b = DT_MIN(u1, base + units) - base;
-        if (a < b)
-            j->fn(j->w, j->row_bytes, a * GEMM_UNIT, DT_MIN(b * GEMM_UNIT, j->rows), j->k, j->act, j->act_bytes,
-                  j->n_tok, j->out, j->out_stride);
-        base += units;
+        uint64_t uc = unit_cost(j), units = (uint64_t)((j->rows + GEMM_UNIT - 1) / GEMM_UNIT);
+        uint64_t end = base + uc * units;
+        if (end > c0) {
+            /* units whose start cost lies in [c0, c1) belong to this thread */
+            uint64_t a = c0 > base ? (c0 - base + uc - 1) / uc : 0;
+            uint64_t b = c1 >= end ? units : (c1 - base + uc - 1) / uc;
+            if (a < b)
+                j->fn(j->w, j->row_bytes, (int)a * GEMM_UNIT, DT_MIN((int)b * GEMM_UNIT, j->rows), j->k, j->act,
+                      j->act_bytes, j->n_tok, j->out, j->out_stride);
+        }
+        base = end;
     }
 }
 
