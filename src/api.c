@@ -382,18 +382,6 @@ static void usage(FILE *f) {
             "  GET /v1/models, /health, /metrics, /slots.  --port 0 picks a free port.\n");
 }
 
-static int parse_int_arg(const char *s, const char *flag, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "ditto serve: %s expects an integer in %ld..%ld, got '%s'\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 static char *read_key_file(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -444,17 +432,17 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->model_path = argv[++i];
         else if (!strcmp(a, "--host")) o->host = argv[++i];
         else if (!strcmp(a, "--port")) {
-            if (parse_int_arg(argv[++i], a, 0, 65535, &o->port)) return -1;
+            if (cli_int("serve", a, argv[++i], 0, 65535, &o->port)) return -1;
         } else if (!strcmp(a, "--streams")) {
-            if (parse_int_arg(argv[++i], a, 1, 4096, &o->streams)) return -1;
+            if (cli_int("serve", a, argv[++i], 1, 4096, &o->streams)) return -1;
         } else if (!strcmp(a, "--ctx")) {
-            if (parse_int_arg(argv[++i], a, 2, 1 << 24, &o->ctx)) return -1;
+            if (cli_int("serve", a, argv[++i], 2, 1 << 24, &o->ctx)) return -1;
         } else if (!strcmp(a, "--threads")) {
-            if (parse_int_arg(argv[++i], a, 1, 1024, &o->threads)) return -1;
+            if (cli_int("serve", a, argv[++i], 1, 1024, &o->threads)) return -1;
         } else if (!strcmp(a, "--max-queue")) {
-            if (parse_int_arg(argv[++i], a, 0, 1 << 20, &o->max_queue)) return -1;
+            if (cli_int("serve", a, argv[++i], 0, 1 << 20, &o->max_queue)) return -1;
         } else if (!strcmp(a, "--prefill-chunk")) {
-            if (parse_int_arg(argv[++i], a, 1, 1 << 16, &o->prefill_chunk)) return -1;
+            if (cli_int("serve", a, argv[++i], 1, 1 << 16, &o->prefill_chunk)) return -1;
         } else if (!strcmp(a, "--grace")) {
             char *end;
             o->grace = strtod(argv[++i], &end);

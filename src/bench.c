@@ -159,29 +159,23 @@ int bench_cmd(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
-        char *end = NULL;
         if (!strcmp(a, "-m") && has) path = argv[++i];
         else if (!strcmp(a, "--streams") && has) {
             if ((n_streams = parse_list(argv[++i], streams, 16)) < 1) {
                 fprintf(stderr, "ditto bench: --streams expects a list like 1,6,16\n");
                 return 2;
             }
-        } else if (!strcmp(a, "--prompt-len") && has) plen = (int)strtol(argv[++i], &end, 10);
-        else if (!strcmp(a, "--gen-len") && has) gen = (int)strtol(argv[++i], &end, 10);
-        else if (!strcmp(a, "--threads") && has) threads = (int)strtol(argv[++i], &end, 10);
-        else if (!strcmp(a, "--unify")) unify = true;
+        } else if (!strcmp(a, "--prompt-len") && has) {
+            if (cli_int("bench", a, argv[++i], 1, 1 << 20, &plen)) return 2;
+        } else if (!strcmp(a, "--gen-len") && has) {
+            if (cli_int("bench", a, argv[++i], 1, 1 << 20, &gen)) return 2;
+        } else if (!strcmp(a, "--threads") && has) {
+            if (cli_int("bench", a, argv[++i], 1, 256, &threads)) return 2;
+        } else if (!strcmp(a, "--unify")) unify = true;
         else {
             fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify]\n");
             return 2;
         }
-        if (end && *end) {
-            fprintf(stderr, "ditto bench: '%s' expects an integer\n", a);
-            return 2;
-        }
-    }
-    if (plen < 1 || gen < 1 || threads < 1 || threads > 256) {
-        fprintf(stderr, "ditto bench: prompt-len, gen-len and threads must be >= 1\n");
-        return 2;
     }
     int max_s = 1;
     for (int i = 0; i < n_streams; i++) max_s = DT_MAX(max_s, streams[i]);

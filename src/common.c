@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
@@ -47,4 +48,16 @@ double time_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "ditto %s: %s expects an integer in %ld..%ld, got '%s'\n", cmd, flag, lo, hi, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
 }

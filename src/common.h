@@ -35,6 +35,10 @@ void *xaligned(size_t n);
 
 double time_now(void); /* monotonic seconds */
 
+/* Command-line integer: s must be a whole decimal number in [lo, hi]; otherwise prints
+ * "ditto CMD: FLAG expects an integer in LO..HI, got 'S'" and returns -1. */
+int cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out);
+
 #define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT_MAX(a, b) ((a) > (b) ? (a) : (b))
 

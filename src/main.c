@@ -29,18 +29,6 @@ static void usage(FILE *f) {
             "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q4_0|q8_0]   random-weight model\n");
 }
 
-static int parse_int(const char *s, const char *flag, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, "ditto: %s expects an integer in %d..%d, got '%s'\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
 /* "1,2,3" -> ids (malloc'ed). */
 static int parse_ids(const char *s, int32_t **ids, int *n) {
     int cap = 16;
@@ -135,9 +123,9 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids") && has) {
             if (parse_ids(argv[++i], &prompt, &n_prompt)) return 2;
         } else if (!strcmp(a, "-n") && has) {
-            if (parse_int(argv[++i], "-n", 0, 1 << 24, &n_gen)) return 2;
+            if (cli_int("run", "-n", argv[++i], 0, 1 << 24, &n_gen)) return 2;
         } else if (!strcmp(a, "--threads") && has) {
-            if (parse_int(argv[++i], "--threads", 1, 256, &threads)) return 2;
+            if (cli_int("run", "--threads", argv[++i], 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "-p") && has) text = argv[++i];
         else if (!strcmp(a, "--chat") && has) chat = argv[++i];
         else if (!strcmp(a, "--think")) think = true;
