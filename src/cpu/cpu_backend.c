@@ -279,7 +279,7 @@ static void act_att_task(void *ctx, int ith, int nth) {
     for (int r = r0; r < r1; r++) act_row(st, &st->a_att, st->att + (size_t)r * H, r, mask3(c));
 }
 
-/* x += tmp; xn = rmsnorm(x, ffn_norm); quantize; router + top-k. Items: rows. */
+/* x += tmp; xn = rmsnorm(x, ffn_norm); quantize. Items: rows. */
 static void ffn_in_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
@@ -293,15 +293,21 @@ static void ffn_in_task(void *ctx, int ith, int nth) {
         for (int e = 0; e < E; e++) x[e] = x[e] + t[e];
         mathx_rmsnorm(xn, x, L->ffn_norm, E, hp->rms_eps);
         act_row(st, &st->a_embd, xn, r, mask);
-        if (hp->arch != MODEL_ARCH_QWEN3MOE) continue;
-        float *lg = st->router + (size_t)r * hp->n_expert;
-        size_t ab;
-        const uint8_t *act = act_for(&st->a_embd, &L->gate_inp, &ab);
-        st->gemm[L->gate_inp.type](L->gate_inp.data, L->gate_inp.row_bytes, 0, hp->n_expert, E, act + (size_t)r * ab,
-                                   ab, 1, lg, (size_t)hp->n_expert);
+    }
+}
+
+/* Top-k of each row's router logits by (value desc, index asc); weights
+ * e_i = exp(l_i - l_max) summed in rank order, then divided. Items: rows. */
+static void route_task(void *ctx, int ith, int nth) {
+    step_ctx *c = ctx;
+    cpu_state *st = c->st;
+    const model_hparams *hp = &st->m->hp;
+    int r0, r1;
+    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    for (int r = r0; r < r1; r++) {
+        const float *lg = st->router + (size_t)r * hp->n_expert;
         int32_t *sel = st->sel + (size_t)r * hp->n_expert_used;
         float *w = st->selw + (size_t)r * hp->n_expert_used;
-        /* top-k by (value desc, index asc) */
         for (int i = 0; i < hp->n_expert_used; i++) {
             int best = -1;
             for (int e = 0; e < hp->n_expert; e++) {
@@ -511,7 +517,12 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
         run_items(st, ffn_in_task, &c, (long)n * E * 2);
-        if (hp->arch == MODEL_ARCH_QWEN3MOE) st->weight_bytes += L->gate_inp.mat_bytes;
+        if (hp->arch == MODEL_ARCH_QWEN3MOE) { /* router: one gemm over all rows, then top-k */
+            act = act_for(&st->a_embd, &L->gate_inp, &ab);
+            job_add(st, &L->gate_inp, 0, act, ab, n, st->router, (size_t)hp->n_expert);
+            jobs_run(st);
+            run_items(st, route_task, &c, (long)n * hp->n_expert * hp->n_expert_used);
+        }
         if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
             ffn_moe_solo(st, &c);
         else if (hp->arch == MODEL_ARCH_QWEN3MOE)
