@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int err_set(ditto_err *err, const char *fmt, ...) {
     if (err) {
@@ -60,4 +61,13 @@ int cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, 
     }
     *out = (int)v;
     return 0;
+}
+
+void progress_show(const char *label, uint64_t done, uint64_t total) {
+    if (!isatty(2) || total == 0) return;
+    int pct = (int)(done * 100 / total), bar = pct * 30 / 100;
+    char b[31];
+    for (int i = 0; i < 30; i++) b[i] = i < bar ? '#' : '.';
+    b[30] = 0;
+    fprintf(stderr, "\r%s %3d%% [%s]%s", label, pct, b, done >= total ? "\n" : "");
 }

@@ -35,6 +35,10 @@ void *xaligned(size_t n);
 
 double time_now(void); /* monotonic seconds */
 
+/* On a terminal (stderr is a tty): "\rLABEL  NN% [####....]", a newline at done == total.
+ * Elsewhere: nothing. */
+void progress_show(const char *label, uint64_t done, uint64_t total);
+
 /* Command-line integer: s must be a whole decimal number in [lo, hi]; otherwise prints
  * "ditto CMD: FLAG expects an integer in LO..HI, got 'S'" and returns -1. */
 int cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out);

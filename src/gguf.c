@@ -326,7 +326,12 @@ void gguf_populate(const gguf_file *f) {
     if (!f->owns_map || f->size == 0) return;
     /* one bulk fault-in now instead of a minor fault per 4 KiB page inside the
      * decode loop; older kernels lack the advice, then pages fault in lazily */
-    madvise((void *)f->map, (size_t)f->size, MADV_POPULATE_READ);
+    const size_t step = (size_t)256 << 20;
+    for (size_t off = 0; off < f->size; off += step) {
+        size_t n = f->size - off < step ? (size_t)(f->size - off) : step;
+        madvise((void *)(f->map + off), n, MADV_POPULATE_READ);
+        progress_show("loading weights  ", off + n, f->size);
+    }
 }
 
 void gguf_close(gguf_file *f) {

@@ -42,12 +42,13 @@ static void prepared_free(void *p) {
 typedef struct rp_task {
     cpu_prepared *cp;
     long total_groups;
+    long lo, hi; /* groups of this pass */
 } rp_task;
 
-/* Groups of all matrices of all items, split evenly over threads. */
+/* Groups [lo, hi) of the concatenation of all matrices of all items, split evenly over threads. */
 static void repack_task(void *ctx, int ith, int nth) {
     rp_task *t = ctx;
-    long lo = t->total_groups * ith / nth, hi = t->total_groups * (ith + 1) / nth, base = 0;
+    long span = t->hi - t->lo, lo = t->lo + span * ith / nth, hi = t->lo + span * (ith + 1) / nth, base = 0;
     for (int i = 0; i < t->cp->n && base < hi; i++) {
         const prep_weight *pw = &t->cp->items[i];
         const model_weight *w = pw->w;
@@ -111,8 +112,13 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
         pw->data = cp->mem + (size_t)(uintptr_t)pw->data;
         groups += (long)((pw->w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * pw->w->n_mat;
     }
-    rp_task t = {cp, groups};
-    pool_run(p, repack_task, &t);
+    /* in slices, so a terminal sees progress */
+    const long slices = 50;
+    for (long sl = 0; sl < slices; sl++) {
+        rp_task t = {cp, groups, groups * sl / slices, groups * (sl + 1) / slices};
+        pool_run(p, repack_task, &t);
+        progress_show("repacking weights", (uint64_t)sl + 1, (uint64_t)slices);
+    }
     /* the file pages of repacked matrices are no longer read (the embedding keeps its own) */
     long pg = sysconf(_SC_PAGESIZE);
     for (int i = 0; i < cp->n; i++) {
