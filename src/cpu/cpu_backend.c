@@ -168,11 +168,11 @@ static void jobs_run(cpu_state *st) {
     st->n_jobs = 0;
 }
 
-/* Runs a per-row task: on the calling thread alone when the work is small (a pool
- * barrier costs more than the work), else split over the pool. Either way each item
+/* Runs a per-item task: on the calling thread alone when there is one item or the work
+ * is small (a pool barrier costs more than the work), else split over the pool. Either way each item
  * is computed by the same code, so the choice cannot change a bit. */
-static void run_items(cpu_state *st, pool_fn fn, void *ctx, long work) {
-    if (work <= 16384)
+static void run_items(cpu_state *st, pool_fn fn, void *ctx, long items, long work) {
+    if (items <= 1 || work <= 16384)
         fn(ctx, 0, 1);
     else
         pool_run(st->pool, fn, ctx);
@@ -422,7 +422,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     c->w0 = &L->down_exps;
     c->w1 = c->w2 = NULL;
     c->n_out = P;
-    run_items(st, swiglu_task, c, (long)c->n_out * F);
+    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int e = 0; e < hp->n_expert; e++) {
         if (!st->exp_cnt[e]) continue;
@@ -448,7 +448,7 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     c->w0 = &L->down_exps;
     c->w1 = c->w2 = NULL;
     c->n_out = K;
-    run_items(st, swiglu_task, c, (long)c->n_out * F);
+    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
@@ -467,7 +467,7 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     c->w0 = &L->ffn_down;
     c->w1 = c->w2 = NULL;
     c->n_out = n;
-    run_items(st, swiglu_task, c, (long)c->n_out * F);
+    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
     jobs_run(st);
@@ -495,7 +495,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         c.layer = l;
         c.norm = L->attn_norm;
         c.w0 = &L->wq, c.w1 = &L->wk, c.w2 = &L->wv;
-        run_items(st, norm_task, &c, (long)n * E);
+        run_items(st, norm_task, &c, n, (long)n * E);
         const void *act = act_for(&st->a_embd, &L->wq, &ab);
         job_add(st, &L->wq, 0, act, ab, n, st->q, (size_t)H);
         act = act_for(&st->a_embd, &L->wk, &ab);
@@ -503,11 +503,11 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         act = act_for(&st->a_embd, &L->wv, &ab);
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         jobs_run(st);
-        run_items(st, qk_task, &c, (long)n * (H + HKV));
-        run_items(st, attn_task, &c, attn_work(b, H));
+        run_items(st, qk_task, &c, n, (long)n * (H + HKV));
+        run_items(st, attn_task, &c, (long)n * hp->n_head, attn_work(b, H));
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
-        run_items(st, act_att_task, &c, (long)n * H);
+        run_items(st, act_att_task, &c, n, (long)n * H);
         act = act_for(&st->a_att, &L->wo, &ab);
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
         jobs_run(st);
@@ -516,12 +516,12 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         } else {
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
-        run_items(st, ffn_in_task, &c, (long)n * E * 2);
+        run_items(st, ffn_in_task, &c, n, (long)n * E * 2);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) { /* router: one gemm over all rows, then top-k */
             act = act_for(&st->a_embd, &L->gate_inp, &ab);
             job_add(st, &L->gate_inp, 0, act, ab, n, st->router, (size_t)hp->n_expert);
             jobs_run(st);
-            run_items(st, route_task, &c, (long)n * hp->n_expert * hp->n_expert_used);
+            run_items(st, route_task, &c, n, (long)n * hp->n_expert * hp->n_expert_used);
         }
         if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
             ffn_moe_solo(st, &c);
@@ -529,7 +529,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
             ffn_moe(st, &c, n);
         else
             ffn_dense(st, &c, n);
-        run_items(st, combine_task, &c, (long)n * E * (hp->n_expert_used + 1));
+        run_items(st, combine_task, &c, n, (long)n * E * (hp->n_expert_used + 1));
     }
     int32_t out_rows[st->max_rows];
     int n_out = 0;
@@ -539,7 +539,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     c.n_out = n_out;
     c.out_rows = out_rows;
     c.w0 = &m->output, c.w1 = c.w2 = NULL;
-    run_items(st, out_norm_task, &c, (long)n_out * E);
+    run_items(st, out_norm_task, &c, n_out, (long)n_out * E);
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
     jobs_run(st);
