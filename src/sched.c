@@ -35,8 +35,9 @@ struct sched {
     sched_opts o;
     pthread_mutex_t mu;
     pthread_cond_t cv_work, cv_tok;
-    sched_stream **queue; /* FIFO ring of max_queue */
-    int q_head, q_len;
+    sched_stream **queue; /* FIFO ring of qcap */
+    int q_head, q_len, qcap; /* qcap = max(max_queue, max_streams) + 1: requests are taken while slots are free */
+    int n_clients;           /* streams not yet released by their clients */
     sched_stream **active; /* admitted streams in admission order */
     int n_active;
     uint64_t next_id;
@@ -72,7 +73,8 @@ int sched_create(sched **out, engine *e, const sched_opts *o, ditto_err *err) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_tok, NULL);
-    s->queue = xcalloc((size_t)o->max_queue + 1, sizeof(sched_stream *));
+    s->qcap = DT_MAX(o->max_queue, S) + 1;
+    s->queue = xcalloc((size_t)s->qcap, sizeof(sched_stream *));
     s->active = xcalloc((size_t)S, sizeof(sched_stream *));
     s->next_id = 1;
     int R = e->opts.max_rows;
@@ -82,7 +84,7 @@ int sched_create(sched **out, engine *e, const sched_opts *o, ditto_err *err) {
     s->want = xcalloc((size_t)R, 1);
     s->row_stream = xcalloc((size_t)R, sizeof(sched_stream *));
     s->row_token = xcalloc((size_t)R, sizeof(int32_t));
-    s->ended = xcalloc((size_t)S + (size_t)o->max_queue + 1, sizeof(sched_stream *));
+    s->ended = xcalloc((size_t)S + (size_t)s->qcap, sizeof(sched_stream *));
     s->scratch = xmalloc(sampler_scratch_bytes(e->m->hp.n_vocab));
     *out = s;
     return 0;
@@ -177,8 +179,10 @@ enum sched_status sched_submit(sched *s, const sched_request *r, sched_stream **
     st->cb = r->on_token;
     st->user = r->user;
     st->refs = 2;
-    s->queue[(s->q_head + s->q_len) % (s->o.max_queue + 1)] = st;
+    DT_ASSERT(s->q_len < s->qcap);
+    s->queue[(s->q_head + s->q_len) % s->qcap] = st;
     s->q_len++;
+    s->n_clients++;
     pthread_cond_signal(&s->cv_work);
     pthread_mutex_unlock(&s->mu);
     *out = st;
@@ -250,6 +254,7 @@ void sched_stream_release(sched *s, sched_stream *st) {
     pthread_mutex_lock(&s->mu);
     if (st->state != SCHED_DONE) st->cancel_req = true; /* nobody listens any more */
     pthread_cond_signal(&s->cv_work);
+    s->n_clients--;
     stream_unref(st);
     pthread_mutex_unlock(&s->mu);
 }
@@ -285,7 +290,7 @@ int sched_step(sched *s, ditto_err *err) {
     /* cancellations */
     for (int i = s->n_active - 1; i >= 0; i--)
         if (s->active[i]->cancel_req) stream_end(s, s->active[i], SCHED_FINISH_CANCEL, &n_ended);
-    int cap = s->o.max_queue + 1, kept = 0;
+    int cap = s->qcap, kept = 0;
     for (int i = 0; i < s->q_len; i++) {
         sched_stream *st = s->queue[(s->q_head + i) % cap];
         if (st->cancel_req)
@@ -408,6 +413,7 @@ static void *loop(void *arg) {
 
 int sched_start(sched *s, ditto_err *err) {
     if (s->running) return 0;
+    s->stopping = false;
     if (pthread_create(&s->thread, NULL, loop, s)) return err_set(err, "cannot start the scheduler thread");
     s->running = true;
     return 0;
@@ -418,7 +424,7 @@ void sched_stop(sched *s, bool cancel_all) {
     s->stopping = true;
     if (cancel_all) {
         for (int i = 0; i < s->n_active; i++) s->active[i]->cancel_req = true;
-        for (int i = 0; i < s->q_len; i++) s->queue[(s->q_head + i) % (s->o.max_queue + 1)]->cancel_req = true;
+        for (int i = 0; i < s->q_len; i++) s->queue[(s->q_head + i) % s->qcap]->cancel_req = true;
     }
     pthread_cond_broadcast(&s->cv_work);
     pthread_mutex_unlock(&s->mu);
@@ -432,6 +438,7 @@ void sched_free(sched *s) {
     ditto_err err;
     while (!sched_idle(s))
         if (sched_step(s, &err) < 0) break;
+    DT_ASSERT(s->n_clients == 0); /* every stream handle must be released first */
     free(s->queue);
     free(s->active);
     free(s->tok);

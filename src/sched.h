@@ -71,8 +71,8 @@ typedef struct sched_stats {
 void sched_opts_default(sched_opts *o);
 /* The engine (not owned) must have max_rows >= max_streams. */
 int sched_create(sched **out, engine *e, const sched_opts *o, ditto_err *err);
-/* Stops the loop thread (if started), cancels whatever is left, frees. Streams not yet
- * released by their clients stay valid until released. */
+/* Stops the loop thread (if started), cancels whatever is left, frees. Every stream
+ * handle must have been released (sched_stream_release) before: asserted. */
 void sched_free(sched *s);
 
 /* Admits a request into the queue. Returns SCHED_OK and *out (a handle the caller
@@ -88,6 +88,9 @@ enum sched_finish sched_stream_finish(sched *s, sched_stream *st);
 int sched_stream_hashes(sched *s, sched_stream *st, uint64_t *out, int cap);
 int sched_stream_slot(sched *s, sched_stream *st); /* slot while admitted, else -1 */
 uint64_t sched_stream_id(const sched_stream *st);
+/* Drops the client's handle (cancelling the stream if still running). Callbacks may
+ * still fire for the step in flight and for the end notice: keep `user` valid until the
+ * callback with a finish reason has run. */
 void sched_stream_release(sched *s, sched_stream *st);
 
 /* Runs one step: cancellations, admissions, one forward over decoders + prefill
