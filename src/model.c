@@ -164,6 +164,10 @@ static int load_weights(model *m, ditto_err *err) {
                 bind_weight(f, NAME("ffn_up_exps"), E, hp->n_ff_exp, hp->n_expert, &L->up_exps, err) ||
                 bind_weight(f, NAME("ffn_down_exps"), hp->n_ff_exp, E, hp->n_expert, &L->down_exps, err))
                 return -1;
+            if (quant_traits_of(L->gate_exps.type)->act != quant_traits_of(L->up_exps.type)->act)
+                return err_set(err, "%s: blk.%d ffn_gate_exps (%s) and ffn_up_exps (%s) need different activation "
+                               "formats (unsupported mix)", f->path, l, quant_traits_of(L->gate_exps.type)->name,
+                               quant_traits_of(L->up_exps.type)->name);
             m->n_params += weight_params(&L->gate_inp) + weight_params(&L->gate_exps) +
                            weight_params(&L->up_exps) + weight_params(&L->down_exps);
         } else {

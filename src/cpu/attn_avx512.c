@@ -13,7 +13,7 @@
 void attn_head_avx512(const float *q, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale, float *out,
                       float *scratch) {
     int n = pos + 1, nv = hd / 16;
-    float *s = scratch, *oc = scratch + n, *O = oc + hd;
+    float *s = scratch; /* scores; o_c and O live in registers */
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int j0 = 0; j0 < n; j0 += KV_POS_GROUP) {
         const fp16_t *kg = K + (size_t)(j0 / KV_POS_GROUP) * hd * KV_POS_GROUP;
@@ -65,8 +65,6 @@ void attn_head_avx512(const float *q, const fp16_t *K, const fp16_t *V, int pos,
         const __m512 vw = _mm512_set1_ps(w);
         for (int v = 0; v < nv; v++) Ov[v] = _mm512_fmadd_ps(vw, ocv[v], Ov[v]);
     }
-    (void)oc;
-    (void)O;
     const __m512 vL = _mm512_set1_ps(L);
     for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(Ov[v], vL));
 }

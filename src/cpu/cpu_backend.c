@@ -407,11 +407,8 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     int P = group_pairs(st, n);
     size_t ab;
     const uint8_t *act = act_for(&st->a_embd, &L->gate_exps, &ab);
-    size_t ab_up;
-    const uint8_t *act_up = act_for(&st->a_embd, &L->up_exps, &ab_up);
-    DT_ASSERT(ab == ab_up); /* gate and up share an activation format in every supported file */
+    /* gate and up share one gathered activation buffer (model_load checks their formats match) */
     for (int p = 0; p < P; p++) memcpy(st->xg + (size_t)p * ab, act + (size_t)st->pair_row[p] * ab, ab);
-    (void)act_up;
     for (int e = 0; e < hp->n_expert; e++) {
         if (!st->exp_cnt[e]) continue;
         size_t o = (size_t)st->exp_off[e];
