@@ -18,27 +18,6 @@
 
 /* ---- rng -------------------------------------------------------------------------- */
 
-static uint64_t rng_s = 0x9E3779B97F4A7C15ULL;
-static uint64_t rnd(void) {
-    uint64_t z = (rng_s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-static int rndi(int n) { return (int)(rnd() % (uint64_t)n); }
-static float rndu(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); } /* [0,1) */
-static float rnds(void) { return 2.0f * rndu() - 1.0f; }                       /* [-1,1) */
-
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static const uint32_t ALL_TYPES[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0,
                                      QT_Q5_1, QT_Q8_0, QT_Q4_K, QT_Q5_K, QT_Q6_K};
@@ -49,18 +28,18 @@ static const uint32_t ALL_TYPES[] = {QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, 
 /* A random finite fp16: sane (|v| in about [2^-12, 2^3]) or, adversarially, zero,
  * subnormal, tiny or the largest. */
 static fp16_t rnd_fp16_scale(int adv) {
-    uint16_t sign = (uint16_t)(rndi(2) << 15);
+    uint16_t sign = (uint16_t)(test_rndi(2) << 15);
     if (adv) {
-        switch (rndi(6)) {
+        switch (test_rndi(6)) {
         case 0: return sign; /* +-0 */
-        case 1: return (uint16_t)(sign | (1 + rndi(0x3FF))); /* subnormal */
-        case 2: return (uint16_t)(sign | 0x0400 | rndi(0x3FF)); /* smallest normals */
+        case 1: return (uint16_t)(sign | (1 + test_rndi(0x3FF))); /* subnormal */
+        case 2: return (uint16_t)(sign | 0x0400 | test_rndi(0x3FF)); /* smallest normals */
         case 3: return (uint16_t)(sign | 0x7BFF); /* 65504 */
         default: break;
         }
     }
-    int e = 3 + rndi(18); /* biased exponent 3..20: 2^-12 .. 2^5 */
-    return (uint16_t)(sign | (e << 10) | rndi(0x400));
+    int e = 3 + test_rndi(18); /* biased exponent 3..20: 2^-12 .. 2^5 */
+    return (uint16_t)(sign | (e << 10) | test_rndi(0x400));
 }
 
 /* Offsets of the fp16 scale fields of one block. */
@@ -79,9 +58,9 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
     if (type == QT_F32) {
         float *f = (float *)w;
         for (size_t i = 0; i < nbytes / 4; i++) {
-            int c = adv ? rndi(8) : 7;
-            f[i] = c == 0 ? 0.0f : c == 1 ? -0.0f : c == 2 ? bitsf((uint32_t)rndi(1 << 23) | (rnd() & 0x80000000u))
-                 : c == 3 ? rnds() * 1e15f : rnds() * 4.0f;
+            int c = adv ? test_rndi(8) : 7;
+            f[i] = c == 0 ? 0.0f : c == 1 ? -0.0f : c == 2 ? bitsf((uint32_t)test_rndi(1 << 23) | (test_rnd() & 0x80000000u))
+                 : c == 3 ? test_rnds() * 1e15f : test_rnds() * 4.0f;
         }
         return;
     }
@@ -90,28 +69,28 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
         for (size_t i = 0; i < nbytes / 2; i++) {
             if (type == QT_F16) {
                 uint16_t v;
-                do v = (uint16_t)rnd(); while (((v >> 10) & 0x1F) == 0x1F); /* finite, incl. subnormals */
+                do v = (uint16_t)test_rnd(); while (((v >> 10) & 0x1F) == 0x1F); /* finite, incl. subnormals */
                 h[i] = v;
             } else {
-                h[i] = (uint16_t)(fbits(rnds() * (adv && rndi(4) == 0 ? 1e15f : 3.0f)) >> 16);
-                if (adv && rndi(8) == 0) h[i] = (uint16_t)(rndi(2) << 15 | rndi(128)); /* +-0, subnormal */
+                h[i] = (uint16_t)(fbits(test_rnds() * (adv && test_rndi(4) == 0 ? 1e15f : 3.0f)) >> 16);
+                if (adv && test_rndi(8) == 0) h[i] = (uint16_t)(test_rndi(2) << 15 | test_rndi(128)); /* +-0, subnormal */
             }
         }
         return;
     }
-    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)test_rnd();
     const size_t nb = nbytes / tr->bytes;
     int off[2], nf;
     scale_fields(type, off, &nf);
     for (size_t b = 0; b < nb; b++) {
         uint8_t *blk = w + b * tr->bytes;
-        if (adv && rndi(3) == 0) {
+        if (adv && test_rndi(3) == 0) {
             /* max-magnitude quants: every quant bit set (Q4/Q5: q=15/31, Q6_K q=63 and
              * scales -128 or 127, Q4_K/Q5_K 6-bit scales 63), or Q8_0 all -128 / 127 */
-            int v = rndi(2) ? 0xFF : (type == QT_Q8_0 ? 0x80 : 0x00);
+            int v = test_rndi(2) ? 0xFF : (type == QT_Q8_0 ? 0x80 : 0x00);
             memset(blk, v, tr->bytes);
-            if (type == QT_Q8_0 && rndi(2)) memset(blk, 0x7F, tr->bytes);
-            if (type == QT_Q6_K && rndi(2)) memset(blk + 192, 0x80, 16);
+            if (type == QT_Q8_0 && test_rndi(2)) memset(blk, 0x7F, tr->bytes);
+            if (type == QT_Q6_K && test_rndi(2)) memset(blk + 192, 0x80, 16);
         }
         for (int f = 0; f < nf; f++) {
             fp16_t s = rnd_fp16_scale(adv);
@@ -127,23 +106,23 @@ static void fill_act_f32(float *x, int k, int adv) {
     for (int i0 = 0; i0 < k; i0 += 32) {
         const int n = DT_MIN(32, k - i0);
         float *v = x + i0;
-        int kind = adv ? rndi(9) : 0;
-        float sc = powf(2.0f, (float)(rndi(16) - 8));
-        for (int i = 0; i < n; i++) v[i] = rnds() * sc;
+        int kind = adv ? test_rndi(9) : 0;
+        float sc = powf(2.0f, (float)(test_rndi(16) - 8));
+        for (int i = 0; i < n; i++) v[i] = test_rnds() * sc;
         switch (kind) {
         case 1: for (int i = 0; i < n; i++) v[i] = 0.0f; break; /* all-zero block */
         case 2: /* ties: amax 127*2^e so d = 2^e and x/d = j + 0.5 exactly */
         {
-            float p = powf(2.0f, (float)(rndi(10) - 5));
-            for (int i = 0; i < n; i++) v[i] = ((float)(rndi(254) - 127) + 0.5f) * p;
-            v[rndi(n)] = (rndi(2) ? 127.0f : -127.0f) * p;
+            float p = powf(2.0f, (float)(test_rndi(10) - 5));
+            for (int i = 0; i < n; i++) v[i] = ((float)(test_rndi(254) - 127) + 0.5f) * p;
+            v[test_rndi(n)] = (test_rndi(2) ? 127.0f : -127.0f) * p;
             break;
         }
-        case 3: for (int i = 0; i < n; i++) v[i] = rnds() * 1e20f; break; /* large */
-        case 4: for (int i = 0; i < n; i++) v[i] = rndi(3) ? 0.0f : rnds(); break; /* sparse */
-        case 5: for (int i = 0; i < n; i++) v[i] = rndi(2) ? -0.0f : 0.0f; v[rndi(n)] = rnds(); break;
-        case 6: for (int i = 0; i < n; i++) v[i] = rnds() * 1e-30f; break; /* small normal */
-        case 7: for (int i = 0; i < n; i++) v[i] = (float)(rndi(255) - 127); break; /* integers */
+        case 3: for (int i = 0; i < n; i++) v[i] = test_rnds() * 1e20f; break; /* large */
+        case 4: for (int i = 0; i < n; i++) v[i] = test_rndi(3) ? 0.0f : test_rnds(); break; /* sparse */
+        case 5: for (int i = 0; i < n; i++) v[i] = test_rndi(2) ? -0.0f : 0.0f; v[test_rndi(n)] = test_rnds(); break;
+        case 6: for (int i = 0; i < n; i++) v[i] = test_rnds() * 1e-30f; break; /* small normal */
+        case 7: for (int i = 0; i < n; i++) v[i] = (float)(test_rndi(255) - 127); break; /* integers */
         default: break;
         }
     }
@@ -154,12 +133,12 @@ static void fill_act_f32(float *x, int k, int adv) {
 static void fill_act_exotic(float *x, int k) {
     for (int i0 = 0; i0 < k; i0 += 32) {
         float *v = x + i0;
-        switch (rndi(6)) {
-        case 0: for (int i = 0; i < 32; i++) v[i] = bitsf((uint32_t)rndi(200)) * (rndi(2) ? 1.0f : -1.0f); break;
-        case 1: for (int i = 0; i < 32; i++) v[i] = bitsf((uint32_t)rndi(1 << 23)) * (rndi(2) ? 1.0f : -1.0f); break;
-        case 2: v[rndi(32)] = rndi(2) ? INFINITY : -INFINITY; break;
-        case 3: v[rndi(32)] = NAN; break;
-        case 4: for (int i = 0; i < 32; i++) v[i] = rnds() * 3e38f; break;
+        switch (test_rndi(6)) {
+        case 0: for (int i = 0; i < 32; i++) v[i] = bitsf((uint32_t)test_rndi(200)) * (test_rndi(2) ? 1.0f : -1.0f); break;
+        case 1: for (int i = 0; i < 32; i++) v[i] = bitsf((uint32_t)test_rndi(1 << 23)) * (test_rndi(2) ? 1.0f : -1.0f); break;
+        case 2: v[test_rndi(32)] = test_rndi(2) ? INFINITY : -INFINITY; break;
+        case 3: v[test_rndi(32)] = NAN; break;
+        case 4: for (int i = 0; i < 32; i++) v[i] = test_rnds() * 3e38f; break;
         default: break;
         }
     }
@@ -340,29 +319,29 @@ static void test_gemm_equal(void) {
         /* every n_tok 1..9 with assorted shapes */
         for (int nt = 1; nt <= 9; nt++)
             for (int rep = 0; rep < 16; rep++) {
-                const int R = RS[rndi(14)];
-                const int r0 = rep & 1 ? rndi(R) : 0;
-                const int r1 = rep & 2 ? r0 + 1 + rndi(R - r0) : R;
-                const int k = ks[rndi(nk)];
+                const int R = RS[test_rndi(14)];
+                const int r0 = rep & 1 ? test_rndi(R) : 0;
+                const int r1 = rep & 2 ? r0 + 1 + test_rndi(R - r0) : R;
+                const int k = ks[test_rndi(nk)];
                 gemm_case(type, R, r0, r1, nt, k, (rep >> 2) & 1, ((rep >> 3) + nt) & 1);
                 ncase++;
             }
         /* every k x every row count */
         for (int i = 0; i < nk; i++)
-            for (int j = 0; j < 14; j++, ncase++) gemm_case(type, RS[j], 0, RS[j], 1 + rndi(4), ks[i], (i + j) & 1, 1);
-        for (int i = 0; i < nk; i++, ncase++) gemm_case(type, 67, 3, 64, 1 + rndi(3), ks[i], i & 1, 1);
+            for (int j = 0; j < 14; j++, ncase++) gemm_case(type, RS[j], 0, RS[j], 1 + test_rndi(4), ks[i], (i + j) & 1, 1);
+        for (int i = 0; i < nk; i++, ncase++) gemm_case(type, 67, 3, 64, 1 + test_rndi(3), ks[i], i & 1, 1);
         /* larger token counts, including more than one accumulator set (> 64) */
         gemm_case(type, 33, 1, 33, 16, ks[nk > 3 ? 3 : 0], 0, 1);
         gemm_case(type, 20, 0, 20, 64, ks[nk - 1], 1, 1);
         gemm_case(type, 17, 2, 17, 70, ks[0], 1, 1);
         gemm_case(type, 67, 0, 67, 33, ks[1], 0, 0);
-        gemm_case(type, 48, 5, 41, 13 + rndi(20), ks[nk - 2], 1, 1);
+        gemm_case(type, 48, 5, 41, 13 + test_rndi(20), ks[nk - 2], 1, 1);
         gemm_case(type, 16, 0, 16, 129, ks[1], 1, 1);
         ncase += 6;
         /* random everything */
         for (int rep = 0; rep < 150; rep++, ncase++) {
-            const int R = 1 + rndi(67), r0 = rndi(R), r1 = r0 + 1 + rndi(R - r0);
-            gemm_case(type, R, r0, r1, 1 + rndi(rep % 10 ? 12 : 40), ks[rndi(nk)], rndi(2), rndi(2));
+            const int R = 1 + test_rndi(67), r0 = test_rndi(R), r1 = r0 + 1 + test_rndi(R - r0);
+            gemm_case(type, R, r0, r1, 1 + test_rndi(rep % 10 ? 12 : 40), ks[test_rndi(nk)], test_rndi(2), test_rndi(2));
         }
         (void)ncase;
     }
@@ -573,7 +552,7 @@ static void test_fp16(void) {
         }
     }
     for (int i = 0; i < 1000000; i++) {
-        float f = bitsf((uint32_t)rnd());
+        float f = bitsf((uint32_t)test_rnd());
         if (isnan(f)) continue;
         const int c = _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0);
         if (f32_to_fp16(f) != (fp16_t)c) cvt_bad++;
@@ -661,6 +640,7 @@ static int bench(void) {
 }
 
 int main(int argc, char **argv) {
+    test_rng_seed(0x9E3779B97F4A7C15ULL);
     g_max = cpu_level_hw();
     if (argc > 1 && !strcmp(argv[1], "bench")) return bench();
     printf("cpu: %s; SIMD levels tested:", cpu_level_name(g_max));

@@ -16,55 +16,35 @@
 
 /* ---- rng ------------------------------------------------------------------------------ */
 
-static uint64_t rng_s = 0x2545F4914F6CDD1DULL;
-static uint64_t rnd(void) {
-    uint64_t z = (rng_s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-static int rndi(int n) { return (int)(rnd() % (uint64_t)n); }
-static float rndu(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
-static float rnds(void) { return 2.0f * rndu() - 1.0f; }
-static uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* ---- weights ---------------------------------------------------------------------------- */
 
 /* A finite fp16 scale: sane, or adversarially zero, subnormal, smallest normal, 65504. */
 static fp16_t rnd_fp16_scale(int adv) {
-    const uint16_t sign = (uint16_t)(rndi(2) << 15);
+    const uint16_t sign = (uint16_t)(test_rndi(2) << 15);
     if (adv) {
-        switch (rndi(6)) {
+        switch (test_rndi(6)) {
         case 0: return sign;
-        case 1: return (uint16_t)(sign | (1 + rndi(0x3FF)));
-        case 2: return (uint16_t)(sign | 0x0400 | rndi(0x3FF));
+        case 1: return (uint16_t)(sign | (1 + test_rndi(0x3FF)));
+        case 2: return (uint16_t)(sign | 0x0400 | test_rndi(0x3FF));
         case 3: return (uint16_t)(sign | 0x7BFF);
         default: break;
         }
     }
-    const int e = 3 + rndi(18);
-    return (uint16_t)(sign | (e << 10) | rndi(0x400));
+    const int e = 3 + test_rndi(18);
+    return (uint16_t)(sign | (e << 10) | test_rndi(0x400));
 }
 
 /* Random well-formed blocks; adv adds max-quant blocks (every quant bit set, 6-bit scales 63 /
  * int8 scales -128 or 127), zero-scale blocks and extreme fp16 d. */
 static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
     const quant_traits *tr = quant_traits_of(type);
-    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)test_rnd();
     const size_t nb = nbytes / tr->bytes;
     for (size_t b = 0; b < nb; b++) {
         uint8_t *blk = w + b * tr->bytes;
         if (adv) {
-            switch (rndi(5)) {
+            switch (test_rndi(5)) {
             case 0: memset(blk, 0xFF, tr->bytes); break; /* max quants, max scales */
             case 1: /* zero sub-block scales (and mins) */
                 if (type == QT_Q4_K) memset(((block_q4_K *)(void *)blk)->scales, 0, K_SCALE_SIZE);
@@ -73,10 +53,10 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
             case 2:
                 if (type == QT_Q6_K) { /* max |q - 32| with the most negative scales */
                     memset(blk, 0, tr->bytes);
-                    memset(((block_q6_K *)(void *)blk)->scales, rndi(2) ? 0x80 : 0x7F, 16);
+                    memset(((block_q6_K *)(void *)blk)->scales, test_rndi(2) ? 0x80 : 0x7F, 16);
                 } else {
                     memset(blk, 0xFF, tr->bytes);
-                    memset(((block_q4_K *)(void *)blk)->qs, rndi(2) ? 0x00 : 0xFF, QK_K / 2);
+                    memset(((block_q4_K *)(void *)blk)->qs, test_rndi(2) ? 0x00 : 0xFF, QK_K / 2);
                 }
                 break;
             default: break;
@@ -97,14 +77,14 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
 static void fill_act_f32(float *x, int k, int adv) {
     for (int i0 = 0; i0 < k; i0 += 32) {
         float *v = x + i0;
-        const float sc = powf(2.0f, (float)(rndi(16) - 8));
-        for (int i = 0; i < 32; i++) v[i] = rnds() * sc;
-        switch (adv ? rndi(8) : 0) {
+        const float sc = powf(2.0f, (float)(test_rndi(16) - 8));
+        for (int i = 0; i < 32; i++) v[i] = test_rnds() * sc;
+        switch (adv ? test_rndi(8) : 0) {
         case 1: for (int i = 0; i < 32; i++) v[i] = 0.0f; break;
-        case 2: for (int i = 0; i < 32; i++) v[i] = rnds() * 1e20f; break;
-        case 3: for (int i = 0; i < 32; i++) v[i] = rndi(3) ? 0.0f : rnds(); break;
-        case 4: for (int i = 0; i < 32; i++) v[i] = rnds() * 1e-30f; break;
-        case 5: for (int i = 0; i < 32; i++) v[i] = (float)(rndi(255) - 127); break;
+        case 2: for (int i = 0; i < 32; i++) v[i] = test_rnds() * 1e20f; break;
+        case 3: for (int i = 0; i < 32; i++) v[i] = test_rndi(3) ? 0.0f : test_rnds(); break;
+        case 4: for (int i = 0; i < 32; i++) v[i] = test_rnds() * 1e-30f; break;
+        case 5: for (int i = 0; i < 32; i++) v[i] = (float)(test_rndi(255) - 127); break;
         default: break;
         }
     }
@@ -118,11 +98,11 @@ static void make_act(uint8_t *dst, int k, int adv, float *xf) {
     if (!adv) return;
     block_q8k *b = (block_q8k *)(void *)dst;
     for (int i = 0; i < k / QK_K; i++) {
-        const int kind = rndi(6);
+        const int kind = test_rndi(6);
         if (kind >= 3) continue;
         for (int l = 0; l < QK_K; l++)
-            b[i].q[l] = (int8_t)(kind == 0 ? 0 : kind == 1 ? (rndi(2) ? 127 : -127) : (i & 1 ? -127 : 127));
-        b[i].d = kind == 0 ? 0.0f : bitsf(fbits(1.0f) + (uint32_t)rndi(1 << 23)) * powf(2.0f, (float)(rndi(40) - 20));
+            b[i].q[l] = (int8_t)(kind == 0 ? 0 : kind == 1 ? (test_rndi(2) ? 127 : -127) : (i & 1 ? -127 : 127));
+        b[i].d = kind == 0 ? 0.0f : bitsf(fbits(1.0f) + (uint32_t)test_rndi(1 << 23)) * powf(2.0f, (float)(test_rndi(40) - 20));
         for (int j = 0; j < 16; j++) {
             int s = 0;
             for (int l = 0; l < 16; l++) s += b[i].q[16 * j + l];
@@ -145,7 +125,7 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     const int ng = (R + 15) / 16;
     uint8_t *wp = xaligned(repack_bytes(type, R, k));
     /* repack in two pieces, as parallel loaders would */
-    const int gs = rndi(ng + 1);
+    const int gs = test_rndi(ng + 1);
     repack_rows(type, w, rb, R, k, wp, gs, ng);
     repack_rows(type, w, rb, R, k, wp, 0, gs);
     float *xf = xmalloc((size_t)k * 4);
@@ -178,12 +158,12 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
 /* r0: a multiple of 16 below R; r1: a multiple of 16 above r0 or R (sometimes any row). */
 static void rnd_range(int R, int *r0, int *r1) {
     const int ng = (R + 15) / 16;
-    *r0 = 16 * rndi(ng);
-    const int c = rndi(4);
+    *r0 = 16 * test_rndi(ng);
+    const int c = test_rndi(4);
     if (c == 0) *r1 = R;
-    else if (c == 3) *r1 = *r0 + 1 + rndi(R - *r0);
+    else if (c == 3) *r1 = *r0 + 1 + test_rndi(R - *r0);
     else {
-        const int e = *r0 + 16 * (1 + rndi(ng - *r0 / 16));
+        const int e = *r0 + 16 * (1 + test_rndi(ng - *r0 / 16));
         *r1 = DT_MIN(R, e);
     }
 }
@@ -198,32 +178,32 @@ static void test_gemm(uint32_t type) {
         for (int rep = 0; rep < 2; rep++) {
             int r0, r1;
             rnd_range(R, &r0, &r1);
-            gemm_case(type, R, r0, r1, 1 + rndi(R % 3 ? 4 : 12), KS[rndi(NK)], (R + rep) & 1, ((R >> 1) + rep) & 1);
+            gemm_case(type, R, r0, r1, 1 + test_rndi(R % 3 ? 4 : 12), KS[test_rndi(NK)], (R + rep) & 1, ((R >> 1) + rep) & 1);
         }
     /* every token count 1..20, and 33, 64, 65, 70 (more than one accumulator set) */
     static const int NT_EXTRA[] = {33, 64, 65, 70};
     for (int nt = 1; nt <= 24; nt++) {
         const int n = nt <= 20 ? nt : NT_EXTRA[nt - 21];
         for (int rep = 0; rep < 4; rep++) {
-            const int R = 1 + rndi(70);
+            const int R = 1 + test_rndi(70);
             int r0, r1;
             rnd_range(R, &r0, &r1);
-            gemm_case(type, R, r0, r1, n, KS[rndi(n > 20 ? 3 : NK)], rep & 1, (rep >> 1) & 1);
+            gemm_case(type, R, r0, r1, n, KS[test_rndi(n > 20 ? 3 : NK)], rep & 1, (rep >> 1) & 1);
         }
     }
     /* every k: full and sub ranges, both adversarial settings */
     for (int i = 0; i < NK; i++) {
-        gemm_case(type, 48, 0, 48, 1 + rndi(9), KS[i], i & 1, 1);
-        gemm_case(type, 67, 16, 64, 1 + rndi(9), KS[i], 1, i & 1);
-        gemm_case(type, 67, 48, 67, 9 + rndi(9), KS[i], 0, 0);
+        gemm_case(type, 48, 0, 48, 1 + test_rndi(9), KS[i], i & 1, 1);
+        gemm_case(type, 67, 16, 64, 1 + test_rndi(9), KS[i], 1, i & 1);
+        gemm_case(type, 67, 48, 67, 9 + test_rndi(9), KS[i], 0, 0);
         gemm_case(type, 16, 0, 16, 8, KS[i], 1, 1);
     }
     /* random everything */
     for (int rep = 0; rep < 100; rep++) {
-        const int R = 1 + rndi(70);
+        const int R = 1 + test_rndi(70);
         int r0, r1;
         rnd_range(R, &r0, &r1);
-        gemm_case(type, R, r0, r1, 1 + rndi(rep % 5 ? 12 : 40), KS[rndi(NK)], rndi(2), rndi(2));
+        gemm_case(type, R, r0, r1, 1 + test_rndi(rep % 5 ? 12 : 40), KS[test_rndi(NK)], test_rndi(2), test_rndi(2));
     }
     CHECK(test_failed == before, "%s: all %d repacked gemm cases bitwise equal", quant_traits_of(type)->name,
           n_cases - c0);
@@ -305,6 +285,7 @@ static void test_api(void) {
 }
 
 int main(void) {
+    test_rng_seed(0x2545F4914F6CDD1DULL);
     g_max = cpu_level_hw();
     printf("repack: levels generic..%s\n", cpu_level_name(g_max));
     const double t0 = time_now();
