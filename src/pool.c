@@ -9,13 +9,37 @@
 
 #include "common.h"
 
+/* How long a thread spins on a flag before sleeping: longer than the gap
+ * between two pool jobs of one step (so a decode step never pays a futex
+ * wake-up, which costs tens of microseconds in a VM), short enough that an
+ * idle server sleeps. */
+#define POOL_SPIN_NS 2000000.0
+
+/* Spins while *v == eq (eq_mode) or while *v != 0 (!eq_mode), for at most
+ * POOL_SPIN_NS; returns the last value read. */
+static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq) {
+    double t0 = 0.0;
+    for (unsigned i = 0;; i++) {
+        unsigned x = atomic_load_explicit(v, memory_order_acquire);
+        if (eq_mode ? x != eq : x == 0) return x;
+        if ((i & 63) == 63) {
+            double t = time_now();
+            if (t0 == 0.0)
+                t0 = t;
+            else if ((t - t0) * 1e9 > POOL_SPIN_NS)
+                return x;
+        }
+        _mm_pause();
+    }
+}
+
 struct pool {
     int n;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
     atomic_uint gen;      /* incremented per job */
-    atomic_int pending;   /* workers still running the job */
+    atomic_uint pending;  /* workers still running the job */
     bool quit;
     pool_fn fn;
     void *ctx;
@@ -33,12 +57,7 @@ static void *worker(void *arg) {
     free(wa);
     unsigned seen = 0;
     for (;;) {
-        unsigned g;
-        int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && spins < 4000) {
-            _mm_pause();
-            spins++;
-        }
+        unsigned g = spin_on(&p->gen, true, seen);
         if (g == seen) {
             pthread_mutex_lock(&p->mu);
             while ((g = atomic_load(&p->gen)) == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
@@ -102,12 +121,7 @@ void pool_run(pool *p, pool_fn fn, void *ctx) {
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
-    int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && spins < 4000) {
-        _mm_pause();
-        spins++;
-    }
-    if (atomic_load(&p->pending) > 0) {
+    if (spin_on(&p->pending, false, 0) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);

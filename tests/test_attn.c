@@ -20,17 +20,20 @@ static float frand(void) {
 int main(void) {
     if (cpu_level_detect() < CPU_AVX512) {
         printf("no AVX-512 on this CPU: only the generic flavour exists\n");
-        CHECK(attn_select(cpu_level_detect(), 128) == attn_head_generic, "generic selected");
+        CHECK(attn_select(cpu_level_detect(), 128) == attn_group_generic, "generic selected");
         return test_summary();
     }
-    const int ctx = 320, hds[] = {64, 128};
+    /* groups of 1..9 query heads (9: more than one scores pass) sharing a KV head */
+    const int ctx = 320, hds[] = {64, 128}, groups[] = {1, 2, 3, 4, 5, 8, 9};
+    const int NG = 9;
     int checked = 0;
     for (int hi = 0; hi < 2; hi++) {
         int hd = hds[hi];
         fp16_t *K = xaligned(sizeof(fp16_t) * (size_t)ctx * hd), *V = xaligned(sizeof(fp16_t) * (size_t)ctx * hd);
-        float *q = xaligned(sizeof(float) * (size_t)hd), *a = xaligned(sizeof(float) * (size_t)hd),
-              *b = xaligned(sizeof(float) * (size_t)hd);
-        float *s1 = xaligned(sizeof(float) * (size_t)(ctx + 2 * hd)), *s2 = xaligned(sizeof(float) * (size_t)(ctx + 2 * hd));
+        float *q = xaligned(sizeof(float) * (size_t)NG * hd), *a = xaligned(sizeof(float) * (size_t)NG * hd),
+              *b = xaligned(sizeof(float) * (size_t)NG * hd);
+        float *s1 = xaligned(sizeof(float) * attn_scratch_floats(1, ctx - 1, hd));
+        float *s2 = xaligned(sizeof(float) * attn_scratch_floats(NG, ctx - 1, hd));
         for (int mode = 0; mode < 4; mode++) {
             float amp = mode == 0 ? 1.0f : mode == 1 ? 30.0f : mode == 2 ? 0.0f : 300.0f;
             for (int p = 0; p < ctx; p++)
@@ -38,14 +41,25 @@ int main(void) {
                     K[kv_k_index(p, d, hd)] = f32_to_fp16(mode == 2 ? 0.5f : frand() * (mode == 3 ? 60.0f : 2.0f));
                     V[(size_t)p * hd + d] = f32_to_fp16(frand() * 4.0f);
                 }
-            for (int d = 0; d < hd; d++) q[d] = frand() * amp;
-            for (int pos = 0; pos < ctx; pos += (pos < 70 ? 1 : 13)) {
-                float scale = 1.0f / sqrtf((float)hd);
-                attn_head_generic(q, K, V, pos, hd, scale, a, s1);
-                attn_head_avx512(q, K, V, pos, hd, scale, b, s2);
-                CHECK(memcmp(a, b, sizeof(float) * (size_t)hd) == 0, "hd %d mode %d pos %d: avx512 != generic", hd,
-                      mode, pos);
-                checked++;
+            for (int i = 0; i < NG * hd; i++) q[i] = frand() * amp * (i / hd == 2 ? 0.1f : 1.0f);
+            for (int gi = 0; gi < (int)(sizeof groups / sizeof *groups); gi++) {
+                int ng = groups[gi];
+                for (int pos = 0; pos < ctx; pos += (pos < 70 ? 1 + gi : 13 + gi)) {
+                    float scale = 1.0f / sqrtf((float)hd);
+                    for (int g = 0; g < ng; g++)
+                        attn_head_generic(q + g * hd, K, V, pos, hd, scale, a + g * hd, s1);
+                    memset(b, 0xff, sizeof(float) * (size_t)NG * hd);
+                    attn_group_avx512(q, ng, K, V, pos, hd, scale, b, s2);
+                    CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0,
+                          "hd %d mode %d group %d pos %d: avx512 != generic", hd, mode, ng, pos);
+                    uint32_t guard;
+                    memcpy(&guard, b + (size_t)ng * hd, 4);
+                    CHECK(ng == NG || guard == 0xffffffffu, "group %d wrote past its heads", ng);
+                    memset(b, 0xff, sizeof(float) * (size_t)NG * hd);
+                    attn_group_generic(q, ng, K, V, pos, hd, scale, b, s1);
+                    CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0, "group generic != per head");
+                    checked++;
+                }
             }
         }
         free(K), free(V), free(q), free(a), free(b), free(s1), free(s2);
@@ -70,6 +84,6 @@ int main(void) {
     }
     /* exp16 agrees with mathx_exp through the attention path: also check the scalar exp at edges */
     CHECK(mathx_exp(0.0f) == 1.0f && mathx_exp(-100.0f) == 0.0f && isinf(mathx_exp(100.0f)), "exp edges");
-    printf("attention: %d (head dim, mode, position) cases, avx512 bitwise equal to generic\n", checked);
+    printf("attention: %d (head dim, mode, group, position) cases, avx512 group bitwise equal to generic per head\n", checked);
     return test_summary();
 }

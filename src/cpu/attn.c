@@ -41,9 +41,15 @@ void attn_head_generic(const float *q, const fp16_t *K, const fp16_t *V, int pos
     for (int d = 0; d < hd; d++) out[d] = O[d] / L;
 }
 
+void attn_group_generic(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
+                        float *out, float *scratch) {
+    for (int g = 0; g < ng; g++)
+        attn_head_generic(q + (size_t)g * hd, K, V, pos, hd, scale, out + (size_t)g * hd, scratch);
+}
+
 attn_fn attn_select(int cpu_level, int hd) {
-    if (cpu_level >= CPU_AVX512 && hd % 16 == 0 && hd <= 256) return attn_head_avx512;
-    return attn_head_generic;
+    if (cpu_level >= CPU_AVX512 && hd % 16 == 0) return attn_group_avx512;
+    return attn_group_generic;
 }
 
 void vec_swiglu_generic(const float *g, const float *u, float *h, int n) {

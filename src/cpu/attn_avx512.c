@@ -1,70 +1,166 @@
-/* attn_avx512.c — AVX-512 attention head, bitwise equal to attn_head_generic:
- * scores with lane = position (each lane its own sequential fma chain over d, K
- * loaded 16 positions at a time from the interleaved layout); exp as mathx_exp op
- * for op; chunk sums in the 32-lane order; o_c with lane = dimension (sequential
- * fma over positions per lane). */
+/* attn_avx512.c — AVX-512 attention over a group of query heads sharing one KV
+ * head (GQA), bitwise equal to attn_head_generic run head by head:
+ *   scores: lane = position; each (head, lane) is its own sequential fma chain over
+ *           d. The group's heads are independent chains over the same converted K
+ *           vector, so the loop is throughput-bound rather than fma-latency-bound.
+ *   softmax: per head and chunk, exp as mathx_exp op for op, chunk sums in the
+ *           32-lane order.
+ *   o_c:    lane = dimension; per (head, lane) a sequential fma over the chunk's
+ *           positions. Heads go in sets of 4 and dimensions in sets of 64 (16
+ *           accumulators), so each V vector is converted once per head set.
+ *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L. */
 #include <immintrin.h>
 #include <math.h>
 
+#include "common.h"
 #include "cpu/attn.h"
 #include "mathx.h"
 #include "cpu/exp_avx512.h"
 
-void attn_head_avx512(const float *q, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale, float *out,
-                      float *scratch) {
-    int n = pos + 1, nv = hd / 16;
-    float *s = scratch; /* scores; o_c and O live in registers */
+#define AI static inline __attribute__((always_inline))
+#define HMAX 8 /* heads per scores pass */
+#define HSET 4 /* heads per o_c pass */
+#define VSET 4 /* 16-dim vectors per o_c pass */
+
+static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
+
+/* s[h][j] = scale * (q_h . k_j) for NH heads, positions 0..n-1 (lane = position). */
+AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, int n, float scale, float *s, size_t ss) {
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int j0 = 0; j0 < n; j0 += KV_POS_GROUP) {
         const fp16_t *kg = K + (size_t)(j0 / KV_POS_GROUP) * hd * KV_POS_GROUP;
-        __m512 acc = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
-                                  _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kg + (size_t)d * KV_POS_GROUP))),
-                                  acc);
-        __mmask16 mk = n - j0 >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j0)) - 1);
-        _mm512_mask_storeu_ps(s + j0, mk, _mm512_mul_ps(acc, vscale));
-    }
-    float M = -INFINITY;
-    for (int j = 0; j < n; j++) M = s[j] > M ? s[j] : M;
-    float L = 0.0f;
-    __m512 Ov[16];
-    for (int v = 0; v < nv; v++) Ov[v] = _mm512_setzero_ps();
-    for (int j0 = 0; j0 < n; j0 += ATTN_CHUNK) {
-        int j1 = n < j0 + ATTN_CHUNK ? n : j0 + ATTN_CHUNK, len = j1 - j0;
-        float m = -INFINITY;
-        for (int j = j0; j < j1; j++) m = s[j] > m ? s[j] : m;
-        /* p = exp(s - m); lanes e mod 32 of the chunk: A holds lanes 0..15, B 16..31 */
-        __m512 A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
-        const __m512 vm = _mm512_set1_ps(m);
-        for (int e = 0; e < len; e += 16) {
-            __mmask16 mk = len - e >= 16 ? 0xFFFF : (__mmask16)((1u << (len - e)) - 1);
-            __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j0 + e), vm));
-            p = _mm512_maskz_mov_ps(mk, p);
-            _mm512_mask_storeu_ps(s + j0 + e, mk, p);
-            if ((e / 16) % 2 == 0)
-                A = _mm512_mask_add_ps(A, mk, A, p);
-            else
-                B = _mm512_mask_add_ps(B, mk, B, p);
+        __m512 acc[HMAX];
+        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) acc[h] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d++) {
+            const __m512 k = ld16h(kg + (size_t)d * KV_POS_GROUP);
+            _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+                acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * hd + d]), k, acc[h]);
         }
-        /* butterfly +16, +8, +4, +2, +1 */
-        float lane[32];
-        _mm512_storeu_ps(lane, A);
-        _mm512_storeu_ps(lane + 16, B);
-        float l = mathx_butterfly32(lane);
-        __m512 ocv[16];
-        for (int v = 0; v < nv; v++) ocv[v] = _mm512_setzero_ps();
-        for (int j = j0; j < j1; j++) {
-            const __m512 pj = _mm512_set1_ps(s[j]);
-            const fp16_t *vj = V + (size_t)j * hd;
-            for (int v = 0; v < nv; v++)
-                ocv[v] = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vj + 16 * v))), ocv[v]);
-        }
-        float w = mathx_exp(m - M);
-        L = fmaf(w, l, L);
-        const __m512 vw = _mm512_set1_ps(w);
-        for (int v = 0; v < nv; v++) Ov[v] = _mm512_fmadd_ps(vw, ocv[v], Ov[v]);
+        const __mmask16 mk = n - j0 >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j0)) - 1);
+        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+            _mm512_mask_storeu_ps(s + (size_t)h * ss + j0, mk, _mm512_mul_ps(acc[h], vscale));
     }
-    const __m512 vL = _mm512_set1_ps(L);
-    for (int v = 0; v < nv; v++) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(Ov[v], vL));
+}
+
+static void scores(const float *q, int nh, int hd, const fp16_t *K, int n, float scale, float *s, size_t ss) {
+    switch (nh) {
+    case 1: scores_nh(1, q, hd, K, n, scale, s, ss); break;
+    case 2: scores_nh(2, q, hd, K, n, scale, s, ss); break;
+    case 3: scores_nh(3, q, hd, K, n, scale, s, ss); break;
+    case 4: scores_nh(4, q, hd, K, n, scale, s, ss); break;
+    case 5: scores_nh(5, q, hd, K, n, scale, s, ss); break;
+    case 6: scores_nh(6, q, hd, K, n, scale, s, ss); break;
+    case 7: scores_nh(7, q, hd, K, n, scale, s, ss); break;
+    default: scores_nh(8, q, hd, K, n, scale, s, ss); break;
+    }
+}
+
+/* Chunk [j0, j0+len) of one head's scores: p = exp(s - m) in place; returns l_c (32-lane sum). */
+static float chunk_exp(float *s, int len, float m) {
+    __m512 A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
+    const __m512 vm = _mm512_set1_ps(m);
+    for (int e = 0; e < len; e += 16) {
+        __mmask16 mk = len - e >= 16 ? 0xFFFF : (__mmask16)((1u << (len - e)) - 1);
+        __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + e), vm));
+        p = _mm512_maskz_mov_ps(mk, p);
+        _mm512_mask_storeu_ps(s + e, mk, p);
+        if ((e / 16) % 2 == 0)
+            A = _mm512_mask_add_ps(A, mk, A, p);
+        else
+            B = _mm512_mask_add_ps(B, mk, B, p);
+    }
+    float lane[32];
+    _mm512_storeu_ps(lane, A);
+    _mm512_storeu_ps(lane + 16, B);
+    return mathx_butterfly32(lane);
+}
+
+/* For NH heads and NV 16-dim vectors starting at dim 16*v0: o_c = sum over the chunk's
+ * positions of p_j * V_j (sequential fma per lane), then O = fma(w_h, o_c, O). */
+AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int hd,
+                 int v0, const float *w, float *O) {
+    __m512 oc[HSET][VSET];
+    _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+        oc[h][v] = _mm512_setzero_ps();
+    for (int j = j0; j < j1; j++) {
+        const fp16_t *vj = V + (size_t)j * hd + 16 * v0;
+        __m512 vv[VSET];
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) vv[v] = ld16h(vj + 16 * v);
+        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+            const __m512 pj = _mm512_set1_ps(p[(size_t)h * ss + j]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) oc[h][v] = _mm512_fmadd_ps(pj, vv[v], oc[h][v]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+        const __m512 vw = _mm512_set1_ps(w[h]);
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
+            float *o = O + (size_t)h * hd + 16 * (v0 + v);
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(vw, oc[h][v], _mm512_loadu_ps(o)));
+        }
+    }
+}
+
+#define PV_CASE(NH, NV) pv_block(NH, NV, p, ss, V, j0, j1, hd, v0, w, O)
+static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int hd, int v0,
+               const float *w, float *O) {
+    DT_ASSERT(nh >= 1 && nh <= HSET && nv >= 1 && nv <= VSET);
+    switch ((nh - 1) * VSET + (nv - 1)) {
+    case 0: PV_CASE(1, 1); break;
+    case 1: PV_CASE(1, 2); break;
+    case 2: PV_CASE(1, 3); break;
+    case 3: PV_CASE(1, 4); break;
+    case 4: PV_CASE(2, 1); break;
+    case 5: PV_CASE(2, 2); break;
+    case 6: PV_CASE(2, 3); break;
+    case 7: PV_CASE(2, 4); break;
+    case 8: PV_CASE(3, 1); break;
+    case 9: PV_CASE(3, 2); break;
+    case 10: PV_CASE(3, 3); break;
+    case 11: PV_CASE(3, 4); break;
+    case 12: PV_CASE(4, 1); break;
+    case 13: PV_CASE(4, 2); break;
+    case 14: PV_CASE(4, 3); break;
+    default: PV_CASE(4, 4); break;
+    }
+}
+
+void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
+                       float *out, float *scratch) {
+    DT_ASSERT(hd % 16 == 0 && ng >= 1);
+    const int n = pos + 1, nv = hd / 16;
+    const size_t ss = ((size_t)n + 15) & ~(size_t)15;
+    for (int h0 = 0; h0 < ng; h0 += HMAX) {
+        const int nh = DT_MIN(HMAX, ng - h0);
+        float *s = scratch, *O = out + (size_t)h0 * hd;
+        scores(q + (size_t)h0 * hd, nh, hd, K, n, scale, s, ss);
+        float M[HMAX], L[HMAX], m[HMAX], w[HMAX];
+        for (int h = 0; h < nh; h++) {
+            M[h] = -INFINITY;
+            for (int j = 0; j < n; j++) M[h] = s[h * ss + j] > M[h] ? s[h * ss + j] : M[h];
+            L[h] = 0.0f;
+        }
+        for (size_t i = 0; i < (size_t)nh * hd; i++) O[i] = 0.0f;
+        for (int j0 = 0; j0 < n; j0 += ATTN_CHUNK) {
+            const int j1 = DT_MIN(n, j0 + ATTN_CHUNK);
+            for (int h = 0; h < nh; h++) {
+                float *sh = s + h * ss;
+                m[h] = -INFINITY;
+                for (int j = j0; j < j1; j++) m[h] = sh[j] > m[h] ? sh[j] : m[h];
+                const float l = chunk_exp(sh + j0, j1 - j0, m[h]);
+                w[h] = mathx_exp(m[h] - M[h]);
+                L[h] = fmaf(w[h], l, L[h]);
+            }
+            for (int hs = 0; hs < nh; hs += HSET)
+                for (int v0 = 0; v0 < nv; v0 += VSET)
+                    pv(DT_MIN(HSET, nh - hs), DT_MIN(VSET, nv - v0), s + hs * ss, ss, V, j0, j1, hd, v0, w + hs,
+                       O + (size_t)hs * hd);
+        }
+        for (int h = 0; h < nh; h++) {
+            const __m512 vL = _mm512_set1_ps(L[h]);
+            for (int v = 0; v < nv; v++) {
+                float *o = O + (size_t)h * hd + 16 * v;
+                _mm512_storeu_ps(o, _mm512_div_ps(_mm512_loadu_ps(o), vL));
+            }
+        }
+    }
 }

@@ -6,6 +6,7 @@
  * thread count cannot change a bit. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "backend.h"
@@ -31,7 +32,7 @@ typedef struct gemm_job {
     int n_tok;
     float *out;
     size_t out_stride;
-    uint64_t unit_bytes; /* weight bytes of one GEMM_UNIT of rows (in the file layout) */
+    size_t unit_stride; /* weight bytes from one GEMM_UNIT of rows to the next */
 } gemm_job;
 
 /* Activations of one input width in every format a weight may ask for. */
@@ -65,13 +66,15 @@ typedef struct cpu_state {
     uint8_t *xg;                            /* [P][act bytes] gathered expert inputs */
     float *g, *u, *h, *y;                   /* [P][ffn] / [P][n_embd] */
     float *scores;                          /* [nth][scratch_stride] attention scratch */
-    size_t scratch_stride;                  /* ctx + 2*head_dim floats, rounded to 64 B */
+    size_t scratch_stride;                  /* attn_scratch_floats for a GQA group at full ctx, rounded to 64 B */
     attn_fn attn;
     vec_swiglu_fn swiglu;
     int ffn;                                /* n_ff_exp or n_ff */
     int n_pairs_max;
     gemm_job jobs[MAX_JOBS];
     int n_jobs;
+    int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
+    _Atomic int job_next;                   /* next unclaimed unit */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
 } cpu_state;
 
@@ -119,10 +122,12 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
         j->fn = st->gemm_rp[w->type];
         j->w = pw->data + (size_t)mat * pw->mat_bytes;
         j->row_bytes = pw->group_bytes;
+        j->unit_stride = pw->group_bytes * (GEMM_UNIT / REPACK_ROWS);
     } else {
         j->fn = st->gemm[w->type];
         j->w = (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
         j->row_bytes = w->row_bytes;
+        j->unit_stride = w->row_bytes * GEMM_UNIT;
     }
     j->rows = w->rows;
     j->k = w->cols;
@@ -131,40 +136,83 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     j->n_tok = n_tok;
     j->out = out;
     j->out_stride = out_stride;
-    j->unit_bytes = (uint64_t)w->row_bytes * GEMM_UNIT;
     st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
 }
 
-/* Cost of one 16-row unit of a job: its weight bytes, plus work per token. */
-static uint64_t unit_cost(const gemm_job *j) { return j->unit_bytes * (uint64_t)(3 + j->n_tok); }
+/* Every 16-row unit of every queued job, handed out dynamically: a thread claims
+ * the next run of units (guided: a share of what is left, never under one unit)
+ * until none remain, so a thread slowed by the memory system or descheduled by
+ * the host does not leave the others waiting at the barrier. Which thread
+ * computes a row never affects its bits. */
+/* Claims the next run of units [*u0, *u1); false when none remain. */
+static bool jobs_claim(cpu_state *st, int nth, int *u0, int *u1) {
+    int total = st->job_unit0[st->n_jobs], cur = atomic_load_explicit(&st->job_next, memory_order_relaxed), take;
+    do {
+        if (cur >= total) return false;
+        take = DT_MAX(1, (total - cur) / (2 * nth));
+    } while (!atomic_compare_exchange_weak_explicit(&st->job_next, &cur, cur + take, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    *u0 = cur, *u1 = cur + take;
+    return true;
+}
 
-/* Every unit of every queued job, split over threads in contiguous ranges of equal cost
- * (a thread's share is a span of the jobs' concatenated units; the split never affects
- * results, only balance). */
+/* The job holding unit u (hint: a nearby job index). */
+static int job_of(const cpu_state *st, int u, int hint) {
+    while (st->job_unit0[hint + 1] <= u) hint++;
+    while (st->job_unit0[hint] > u) hint--;
+    return hint;
+}
+
+/* Prefetches (to L2) the first JOB_PF_BYTES of the weights of unit u, so the kernel
+ * that starts there does not wait a full memory latency for its first lines. */
+#define JOB_PF_BYTES 4096
+static void job_prefetch(const cpu_state *st, int u, int ji) {
+    const gemm_job *j = &st->jobs[ji];
+    const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
+    for (int o = 0; o < JOB_PF_BYTES; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+}
+
+/* Every 16-row unit of every queued job, handed out dynamically: a thread claims
+ * the next run of units (guided: a share of what is left, never under one unit)
+ * until none remain, so a thread slowed by the memory system or descheduled by
+ * the host does not leave the others waiting at the barrier. Each run is cut at
+ * job boundaries into kernel calls; before each call the start of the next one
+ * (the next job, or the next claimed run) is prefetched. Which thread computes a
+ * row never affects its bits. */
 static void jobs_task(void *ctx, int ith, int nth) {
     cpu_state *st = ctx;
-    uint64_t total = 0;
-    for (int i = 0; i < st->n_jobs; i++)
-        total += unit_cost(&st->jobs[i]) * (uint64_t)((st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT);
-    uint64_t c0 = total * (uint64_t)ith / (uint64_t)nth, c1 = total * (uint64_t)(ith + 1) / (uint64_t)nth, base = 0;
-    for (int i = 0; i < st->n_jobs && base < c1; i++) {
-        const gemm_job *j = &st->jobs[i];
-        uint64_t uc = unit_cost(j), units = (uint64_t)((j->rows + GEMM_UNIT - 1) / GEMM_UNIT);
-        uint64_t end = base + uc * units;
-        if (end > c0) {
-            /* units whose start cost lies in [c0, c1) belong to this thread */
-            uint64_t a = c0 > base ? (c0 - base + uc - 1) / uc : 0;
-            uint64_t b = c1 >= end ? units : (c1 - base + uc - 1) / uc;
-            if (a < b)
-                j->fn(j->w, j->row_bytes, (int)a * GEMM_UNIT, DT_MIN((int)b * GEMM_UNIT, j->rows), j->k, j->act,
-                      j->act_bytes, j->n_tok, j->out, j->out_stride);
+    (void)ith;
+    int a, b, ji;
+    if (!jobs_claim(st, nth, &a, &b)) return;
+    job_prefetch(st, a, ji = job_of(st, a, 0));
+    for (bool more = true; more;) {
+        int na = 0, nb = 0;
+        for (int u = a; u < b;) {
+            ji = job_of(st, u, ji);
+            const gemm_job *j = &st->jobs[ji];
+            int e = DT_MIN(b, st->job_unit0[ji + 1]);
+            if (e < b)
+                job_prefetch(st, e, ji + 1);
+            else if ((more = jobs_claim(st, nth, &na, &nb)))
+                job_prefetch(st, na, job_of(st, na, ji));
+            int r0 = (u - st->job_unit0[ji]) * GEMM_UNIT, r1 = DT_MIN((e - st->job_unit0[ji]) * GEMM_UNIT, j->rows);
+            j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
+            u = e;
         }
-        base = end;
+        a = na, b = nb;
     }
 }
 
 static void jobs_run(cpu_state *st) {
-    if (st->n_jobs) pool_run(st->pool, jobs_task, st);
+    if (!st->n_jobs) return;
+    st->job_unit0[0] = 0;
+    for (int i = 0; i < st->n_jobs; i++)
+        st->job_unit0[i + 1] = st->job_unit0[i] + (st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT;
+    atomic_store_explicit(&st->job_next, 0, memory_order_relaxed);
+    if (st->nth == 1)
+        jobs_task(st, 0, 1);
+    else
+        pool_run(st->pool, jobs_task, st); /* pool_run publishes job_next / job_unit0 (release) */
     st->n_jobs = 0;
 }
 
@@ -253,22 +301,21 @@ static void qk_task(void *ctx, int ith, int nth) {
     }
 }
 
-/* Items: (row, head) pairs. */
+/* Items: (row, KV head) pairs, each with the query heads that share it. */
 static void attn_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
     const model_hparams *hp = &st->m->hp;
     int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv, i0, i1;
-    pool_split(c->b->n * hp->n_head, 1, ith, nth, &i0, &i1);
+    pool_split(c->b->n * hp->n_head_kv, 1, ith, nth, &i0, &i1);
     float *scratch = st->scores + (size_t)ith * st->scratch_stride;
     for (int i = i0; i < i1; i++) {
-        int r = i / hp->n_head, h = i % hp->n_head, kvh = h / group;
+        int r = i / hp->n_head_kv, kvh = i % hp->n_head_kv;
         const fp16_t *K = kv_ptr(st->kv, c->b->slot[r], c->layer, 0, kvh);
         const fp16_t *V = kv_ptr(st->kv, c->b->slot[r], c->layer, 1, kvh);
-        st->attn(st->q + (size_t)r * H + (size_t)h * hd, K, V, c->b->pos[r], hd, st->attn_scale,
-                 st->att + (size_t)r * H + (size_t)h * hd, scratch);
+        size_t o = (size_t)r * H + (size_t)kvh * group * hd;
+        st->attn(st->q + o, group, K, V, c->b->pos[r], hd, st->attn_scale, st->att + o, scratch);
     }
-    /* quantize this thread's complete rows? rows may straddle threads: done in act_att_task */
 }
 
 static void act_att_task(void *ctx, int ith, int nth) {
@@ -501,7 +548,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         jobs_run(st);
         run_items(st, qk_task, &c, n, (long)n * (H + HKV));
-        run_items(st, attn_task, &c, (long)n * hp->n_head, attn_work(b, H));
+        run_items(st, attn_task, &c, (long)n * hp->n_head_kv, attn_work(b, H));
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
         run_items(st, act_att_task, &c, n, (long)n * H);
@@ -603,7 +650,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->pair_of = xcalloc((size_t)P, sizeof(int32_t));
     st->exp_cnt = xcalloc((size_t)NE, sizeof(int));
     st->exp_off = xcalloc((size_t)NE, sizeof(int));
-    st->scratch_stride = ((size_t)ctx + 2 * (size_t)hd + 15) & ~(size_t)15;
+    st->scratch_stride = (attn_scratch_floats(hp->n_head / hp->n_head_kv, ctx - 1, hd) + 15) & ~(size_t)15;
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
     st->attn = attn_select(st->level, hd);
     st->swiglu = vec_swiglu_select(st->level);

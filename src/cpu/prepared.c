@@ -13,7 +13,9 @@ struct cpu_prepared {
     prep_weight *items;
     int n;
     int *slot;        /* [PREP_CAP] index into items, -1 empty */
-    uint8_t *mem;     /* one anonymous mapping for every repacked matrix */
+    uint8_t *mem;     /* every repacked matrix, in one 2 MiB-aligned anonymous range */
+    void *map;        /* the mapping holding mem */
+    size_t map_bytes;
     size_t bytes;
 };
 
@@ -33,7 +35,7 @@ size_t cpu_prepared_bytes(const cpu_prepared *cp) { return cp ? cp->bytes : 0; }
 static void prepared_free(void *p) {
     cpu_prepared *cp = p;
     if (!cp) return;
-    if (cp->mem) munmap(cp->mem, cp->bytes);
+    if (cp->map) munmap(cp->map, cp->map_bytes);
     free(cp->items);
     free(cp->slot);
     free(cp);
@@ -87,6 +89,7 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
     cp->items = xcalloc((size_t)max_items, sizeof(prep_weight));
     cp->slot = xmalloc(sizeof(int) * PREP_CAP);
     for (int i = 0; i < PREP_CAP; i++) cp->slot[i] = -1;
+    add(cp, &m->output);
     for (int l = 0; l < m->hp.n_layer; l++) {
         const model_layer *L = &m->layers[l];
         const model_weight *ws[] = {&L->wq,        &L->wk,      &L->wv,        &L->wo,
@@ -94,39 +97,60 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
                                     &L->ffn_up,    &L->ffn_down};
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) add(cp, ws[i]);
     }
-    add(cp, &m->output);
     if (!cp->bytes) return cp;
-    void *mem = mmap(NULL, cp->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* 2 MiB-aligned, so that every byte can sit on a huge page */
+    size_t huge = (size_t)2 << 20;
+    void *mem = mmap(NULL, cp->bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) { /* not fatal: the original layout works, only slower */
         fprintf(stderr, "ditto: cannot allocate %zu bytes for repacked weights; using the file layout\n", cp->bytes);
         cp->n = 0;
         cp->bytes = 0;
         return cp;
     }
-    cp->mem = mem;
+    cp->map = mem;
+    cp->map_bytes = cp->bytes + huge;
+    cp->mem = (uint8_t *)(((uintptr_t)mem + huge - 1) & ~(uintptr_t)(huge - 1));
     /* transparent huge pages where the kernel allows: 512x fewer faults while repacking, fewer TLB misses after */
-    madvise(mem, cp->bytes, MADV_HUGEPAGE);
+    madvise(cp->mem, cp->bytes, MADV_HUGEPAGE);
     long groups = 0;
     for (int i = 0; i < cp->n; i++) {
         prep_weight *pw = &cp->items[i];
         pw->data = cp->mem + (size_t)(uintptr_t)pw->data;
         groups += (long)((pw->w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * pw->w->n_mat;
     }
-    /* in slices, so a terminal sees progress */
+    /* In slices, so a terminal sees progress. After each slice the file pages of the
+     * matrices it finished are dropped (MADV_PAGEOUT also evicts them from the page cache;
+     * they are not read again, and a model of this size cannot keep its file cached beside
+     * its repacked copy anyway): the memory they free is what lets the next slice's
+     * destination get huge pages instead of fragments. The embedding keeps its pages. */
     const long slices = 50;
+    long pg = sysconf(_SC_PAGESIZE), gend = 0;
+    int released = 0;
     for (long sl = 0; sl < slices; sl++) {
         rp_task t = {cp, groups, groups * sl / slices, groups * (sl + 1) / slices};
         pool_run(p, repack_task, &t);
+        for (; released < cp->n; released++) {
+            const model_weight *w = cp->items[released].w;
+            long g = gend + (long)((w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * w->n_mat;
+            if (g > t.hi) break;
+            gend = g;
+            if (w->data == m->tok_embd.data) continue;
+            uintptr_t a = ((uintptr_t)w->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+            uintptr_t b = ((uintptr_t)w->data + w->mat_bytes * (size_t)w->n_mat) & ~((uintptr_t)pg - 1);
+            if (b > a && madvise((void *)a, b - a, MADV_PAGEOUT) != 0) madvise((void *)a, b - a, MADV_DONTNEED);
+        }
         progress_show("repacking weights", (uint64_t)sl + 1, (uint64_t)slices);
     }
-    /* the file pages of repacked matrices are no longer read (the embedding keeps its own) */
-    long pg = sysconf(_SC_PAGESIZE);
-    for (int i = 0; i < cp->n; i++) {
-        const model_weight *w = cp->items[i].w;
-        if (w->data == m->tok_embd.data) continue;
-        uintptr_t a = ((uintptr_t)w->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-        uintptr_t b = ((uintptr_t)w->data + w->mat_bytes * (size_t)w->n_mat) & ~((uintptr_t)pg - 1);
-        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    /* Where memory was too fragmented for a huge page at first touch (the file's page cache
+     * fills most of it during the repack), collapse now: the weights are streamed every
+     * step, and 4 KiB pages cost a page walk per 4 KiB and stop the hardware prefetcher. */
+#ifdef MADV_COLLAPSE
+    const size_t piece = (size_t)256 << 20;
+    for (size_t o = 0; o < cp->bytes; o += piece) {
+        size_t len = DT_MIN(piece, (cp->bytes - o) & ~(huge - 1));
+        if (len) madvise(cp->mem + o, len, MADV_COLLAPSE); /* best effort */
+        progress_show("huge pages", (uint64_t)(o / piece) + 1, (uint64_t)((cp->bytes + piece - 1) / piece));
     }
+#endif
     return cp;
 }

@@ -16,7 +16,8 @@
  *
  * int32 bounds (|a| <= 127 activations, as quant_act_row makes; vpdpbusd/vpdpwssd/vpmulld/
  * vpaddd are the non-saturating, wrapping forms, so only final values must fit):
- *   Q4_K: |s_j| <= 32*15*127 = 60960, |sc_j*s_j| <= 63*60960 = 3.84e6, |I| <= 3.08e7;
+ *   Q4_K: |s_j| <= 32*15*127 = 60960 (16*s_j <= 975360 for the high nibbles taken as 16*q),
+ *         |sc_j*s_j| <= 63*60960 = 3.84e6, |I| <= 3.08e7;
  *         |bsum pair| <= 32*127 = 4064 (int16), |M| <= 8*63*4064 = 2.05e6.
  *   Q6_K: 0 <= |s_j| <= 16*63*127 = 128016, |sc_j*s_j| <= 128*128016 = 1.64e7, sum over 16
  *         <= 2.62e8; |bsum_j| <= 16*127 = 2032 (int16), |sum sc_j*bsum_j| <= 16*128*2032 =
@@ -39,6 +40,9 @@
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
 #ifndef RP_PF_DIST
 #define RP_PF_DIST 4096 /* prefetch distance in the weight stream, bytes */
+#endif
+#ifndef RP_PF_HINT
+#define RP_PF_HINT _MM_HINT_T0
 #endif
 
 #define GEMM_ARGS                                                                          \
@@ -67,7 +71,7 @@ AI __m512i dp_bcast(__m512i acc, __m512i W, const int8_t *p) {
 }
 
 AI void prefetch_block(const uint8_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + RP_PF_DIST + o, _MM_HINT_T0);
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + RP_PF_DIST + o, RP_PF_HINT);
 }
 
 /* acc = fma(d*da, (float)I, acc) per lane — the reference's two roundings. */
@@ -121,16 +125,18 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
+/* Low nibbles (j even) as q, high nibbles (j odd) as 16*q — one AND either way; the odd
+ * sub-block's sum is then exactly 16 * s_j and is shifted back once per sub-block. */
 AI __m512i q4k_w(const uint8_t *B, int j, int i) {
     const __m512i Q = LD(B + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
-    const __m512i m = _mm512_set1_epi8(0x0f);
-    return (j & 1) ? _mm512_and_si512(_mm512_srli_epi16(Q, 4), m) : _mm512_and_si512(Q, m);
+    return _mm512_and_si512(Q, _mm512_set1_epi8((j & 1) ? (char)0xf0 : 0x0f));
 }
 
 /* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats. */
 AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
+    const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
         const uint8_t *Bj = launder(B);
         __m512i s[TCH];
@@ -140,8 +146,9 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
                 s[t] = dp_bcast(s[t], W, y[t]->q + 32 * j + 4 * i);
         }
-        const __m512i sc = byte_to_dword(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
+        const __m512i sc = byte_to_dword(j < 4 ? slo : shi, j & 3);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            if (j & 1) s[t] = _mm512_srai_epi32(s[t], 4);
             I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(s[t], sc));
             pin(&I[t]);
         }
