@@ -1,6 +1,8 @@
 /* kv.c — arena build, size formula and slot bookkeeping. */
 #include "kv.h"
 
+#include <errno.h>
+
 #include <string.h>
 #include <sys/mman.h>
 
@@ -14,6 +16,10 @@ bool kv_key_equal(const kv_key *a, const kv_key *b) {
            a->n_layer == b->n_layer && a->n_head_kv == b->n_head_kv && a->head_dim == b->head_dim;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 int kv_arena_create(kv_arena **out, const kv_key *key, ditto_err *err) {
     *out = NULL;
     if (key->ctx % KV_POS_GROUP)
@@ -21,11 +27,19 @@ int kv_arena_create(kv_arena **out, const kv_key *key, ditto_err *err) {
     if (key->max_streams < 1 || key->ctx < 1 || key->n_layer < 1 || key->n_head_kv < 1 || key->head_dim < 1)
         return err_set(err, "kv arena: invalid key (streams %d, ctx %d)", key->max_streams, key->ctx);
     size_t bytes = kv_key_bytes(key);
-    /* anonymous mapping: zero pages, touched only as slots fill */
+    /* Anonymous, on huge pages where the kernel gives them, and faulted in now: the decode
+     * loop then never takes a page fault (one per new 4 KiB of KV otherwise, each costing
+     * tens of microseconds in a VM), and a machine without the memory fails here, at boot. */
     void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED)
         return err_set(err, "kv arena: cannot allocate %zu bytes (%.2f GiB) for %d streams x %d ctx", bytes,
                        (double)bytes / (1u << 30), key->max_streams, key->ctx);
+    madvise(mem, bytes, MADV_HUGEPAGE);
+    if (madvise(mem, bytes, MADV_POPULATE_WRITE) != 0 && errno == ENOMEM) {
+        munmap(mem, bytes);
+        return err_set(err, "kv arena: cannot back %zu bytes (%.2f GiB) for %d streams x %d ctx with memory", bytes,
+                       (double)bytes / (1u << 30), key->max_streams, key->ctx);
+    }
     kv_arena *a = xcalloc(1, sizeof *a);
     a->key = *key;
     a->mem = mem;

@@ -2,6 +2,7 @@
 #include "model.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "quant.h"
 
@@ -222,7 +223,12 @@ int model_load(model **out, const char *path, ditto_err *err) {
     }
     if (gguf_find_kv(m->gguf, "general.name")) gguf_get_str(m->gguf, "general.name", &m->name, NULL);
     find_eog(m);
-    gguf_populate(m->gguf);
+    /* Fault the whole file in now, unless it is over half of RAM: then the CPU backend's
+     * repack reads it slice by slice and drops each slice's file pages after use, which
+     * leaves the memory free for its huge pages (populating it all first would fill RAM
+     * with page cache that must be reclaimed and compacted again). */
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0 || m->gguf->size <= (uint64_t)pages * (uint64_t)psz / 2) gguf_populate(m->gguf);
     *out = m;
     return 0;
 }

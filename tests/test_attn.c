@@ -82,6 +82,27 @@ int main(void) {
         }
         free(g), free(u), free(h1), free(h2);
     }
+    /* RMSNorm: avx512 == mathx_rmsnorm over lengths 1..300 (partial lanes, one and many
+     * 32-lane rounds), ordinary / huge / tiny values, in place and out of place */
+    {
+        int n = 300;
+        float *x = xaligned(sizeof(float) * (size_t)n), *w = xaligned(sizeof(float) * (size_t)n);
+        float *y1 = xaligned(sizeof(float) * (size_t)n), *y2 = xaligned(sizeof(float) * (size_t)n);
+        for (int mode = 0; mode < 3; mode++) {
+            float amp = mode == 0 ? 3.0f : mode == 1 ? 1e18f : 1e-20f;
+            for (int i = 0; i < n; i++) x[i] = frand() * amp, w[i] = frand() * 2.0f;
+            for (int len = 1; len <= n; len += (len < 70 ? 1 : 23)) {
+                vec_rmsnorm_generic(y1, x, w, len, 1e-6f);
+                vec_rmsnorm_avx512(y2, x, w, len, 1e-6f);
+                CHECK(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "rmsnorm mode %d length %d: avx512 != generic",
+                      mode, len);
+                memcpy(y2, x, sizeof(float) * (size_t)len);
+                vec_rmsnorm_avx512(y2, y2, w, len, 1e-6f);
+                CHECK(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "rmsnorm in place, length %d", len);
+            }
+        }
+        free(x), free(w), free(y1), free(y2);
+    }
     /* exp16 agrees with mathx_exp through the attention path: also check the scalar exp at edges */
     CHECK(mathx_exp(0.0f) == 1.0f && mathx_exp(-100.0f) == 0.0f && isinf(mathx_exp(100.0f)), "exp edges");
     printf("attention: %d (head dim, mode, group, position) cases, avx512 group bitwise equal to generic per head\n", checked);

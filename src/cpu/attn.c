@@ -56,6 +56,14 @@ void vec_swiglu_generic(const float *g, const float *u, float *h, int n) {
     for (int i = 0; i < n; i++) h[i] = mathx_silu(g[i]) * u[i];
 }
 
+void vec_rmsnorm_generic(float *y, const float *x, const float *w, int n, float eps) {
+    mathx_rmsnorm(y, x, w, n, eps);
+}
+
+vec_rmsnorm_fn vec_rmsnorm_select(int cpu_level) {
+    return cpu_level >= CPU_AVX512 ? vec_rmsnorm_avx512 : vec_rmsnorm_generic;
+}
+
 vec_swiglu_fn vec_swiglu_select(int cpu_level) {
     return cpu_level >= CPU_AVX512 ? vec_swiglu_avx512 : vec_swiglu_generic;
 }

@@ -69,6 +69,7 @@ typedef struct cpu_state {
     size_t scratch_stride;                  /* attn_scratch_floats for a GQA group at full ctx, rounded to 64 B */
     attn_fn attn;
     vec_swiglu_fn swiglu;
+    vec_rmsnorm_fn rmsnorm;
     int ffn;                                /* n_ff_exp or n_ff */
     int n_pairs_max;
     gemm_job jobs[MAX_JOBS];
@@ -255,7 +256,7 @@ static void norm_task(void *ctx, int ith, int nth) {
     unsigned mask = mask3(c);
     for (int r = r0; r < r1; r++) {
         float *xn = st->xn + (size_t)r * E;
-        mathx_rmsnorm(xn, st->x + (size_t)r * E, c->norm, E, st->m->hp.rms_eps);
+        st->rmsnorm(xn, st->x + (size_t)r * E, c->norm, E, st->m->hp.rms_eps);
         act_row(st, &st->a_embd, xn, r, mask);
     }
 }
@@ -283,13 +284,13 @@ static void qk_task(void *ctx, int ith, int nth) {
         const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
         for (int h = 0; h < hp->n_head; h++) {
             float *qh = st->q + (size_t)r * H + (size_t)h * hd;
-            mathx_rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
+            st->rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
             rope(qh, cs, sn, half);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
             const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
-            mathx_rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
+            st->rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
             rope(kh, cs, sn, half);
             fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
             fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
@@ -337,8 +338,8 @@ static void ffn_in_task(void *ctx, int ith, int nth) {
     unsigned mask = mask3(c);
     for (int r = r0; r < r1; r++) {
         float *x = st->x + (size_t)r * E, *t = st->tmp + (size_t)r * E, *xn = st->xn + (size_t)r * E;
-        for (int e = 0; e < E; e++) x[e] = x[e] + t[e];
-        mathx_rmsnorm(xn, x, L->ffn_norm, E, hp->rms_eps);
+        vec_add(x, t, E);
+        st->rmsnorm(xn, x, L->ffn_norm, E, hp->rms_eps);
         act_row(st, &st->a_embd, xn, r, mask);
     }
 }
@@ -397,17 +398,15 @@ static void combine_task(void *ctx, int ith, int nth) {
     for (int r = r0; r < r1; r++) {
         float *x = st->x + (size_t)r * E, *acc = st->tmp + (size_t)r * E;
         if (hp->arch != MODEL_ARCH_QWEN3MOE) {
-            const float *y = st->y + (size_t)r * E;
-            for (int e = 0; e < E; e++) x[e] = x[e] + y[e];
+            vec_add(x, st->y + (size_t)r * E, E);
             continue;
         }
-        for (int e = 0; e < E; e++) acc[e] = 0.0f;
+        memset(acc, 0, sizeof(float) * (size_t)E);
         for (int i = 0; i < hp->n_expert_used; i++) {
             const float *y = st->y + (size_t)st->pair_of[r * hp->n_expert_used + i] * E;
-            float w = st->selw[r * hp->n_expert_used + i];
-            for (int e = 0; e < E; e++) acc[e] = fmaf(w, y[e], acc[e]);
+            vec_fma_acc(acc, st->selw[r * hp->n_expert_used + i], y, E);
         }
-        for (int e = 0; e < E; e++) x[e] = x[e] + acc[e];
+        vec_add(x, acc, E);
     }
 }
 
@@ -419,7 +418,7 @@ static void out_norm_task(void *ctx, int ith, int nth) {
     pool_split(c->n_out, 1, ith, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
         float *xn = st->xn + (size_t)i * E;
-        mathx_rmsnorm(xn, st->x + (size_t)c->out_rows[i] * E, st->m->output_norm, E, st->m->hp.rms_eps);
+        st->rmsnorm(xn, st->x + (size_t)c->out_rows[i] * E, st->m->output_norm, E, st->m->hp.rms_eps);
         act_row(st, &st->a_embd, xn, i, mask3(c));
     }
 }
@@ -654,6 +653,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
     st->attn = attn_select(st->level, hd);
     st->swiglu = vec_swiglu_select(st->level);
+    st->rmsnorm = vec_rmsnorm_select(st->level);
     st->pool = pool_create(st->nth);
     st->prep = cpu_prepared_get(m, st->pool);
     *state = st;

@@ -7,6 +7,10 @@
 
 #include "cpu/repack.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
 #define PREP_CAP 4096 /* hash slots (power of two) */
 
 struct cpu_prepared {
@@ -124,10 +128,19 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
      * its repacked copy anyway): the memory they free is what lets the next slice's
      * destination get huge pages instead of fragments. The embedding keeps its pages. */
     const long slices = 50;
-    long pg = sysconf(_SC_PAGESIZE), gend = 0;
-    int released = 0;
+    long pg = sysconf(_SC_PAGESIZE), gend = 0, gbeg = 0;
+    int released = 0, populated = 0;
     for (long sl = 0; sl < slices; sl++) {
         rp_task t = {cp, groups, groups * sl / slices, groups * (sl + 1) / slices};
+        /* read this slice's sources in bulk (a no-op where the model load already did) */
+        for (long g = gbeg; populated < cp->n && g < t.hi; populated++) {
+            const model_weight *w = cp->items[populated].w;
+            g += (long)((w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * w->n_mat;
+            uintptr_t a = (uintptr_t)w->data & ~((uintptr_t)pg - 1);
+            uintptr_t b = ((uintptr_t)w->data + w->mat_bytes * (size_t)w->n_mat + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+            madvise((void *)a, b - a, MADV_POPULATE_READ);
+            gbeg = g;
+        }
         pool_run(p, repack_task, &t);
         for (; released < cp->n; released++) {
             const model_weight *w = cp->items[released].w;
