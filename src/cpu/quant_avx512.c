@@ -406,7 +406,11 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
     __m512 A0[4], A1[4];
     UNROLL for (int t = 0; t < NT; t++) A0[t] = A1[t] = _mm512_setzero_ps();
     int e = 0;
+    const int esz = type == QT_F32 ? 4 : 2;
     for (; e + 32 <= k; e += 32) {
+        /* the rows are one sequential stream: fetch 4 KiB ahead of it */
+        _mm_prefetch((const char *)wr + (size_t)e * esz + 4096, _MM_HINT_T0);
+        if (esz == 4) _mm_prefetch((const char *)wr + (size_t)e * esz + 4096 + 64, _MM_HINT_T0);
         const __m512 w0 = fl_load(type, wr, e), w1 = fl_load(type, wr, e + 16);
         UNROLL for (int t = 0; t < NT; t++) {
             A0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + e), A0[t]);

@@ -125,31 +125,31 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
-/* Low nibbles (j even) as q, high nibbles (j odd) as 16*q — one AND either way; the odd
- * sub-block's sum is then exactly 16 * s_j and is shifted back once per sub-block. */
-AI __m512i q4k_w(const uint8_t *B, int j, int i) {
-    const __m512i Q = LD(B + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
-    return _mm512_and_si512(Q, _mm512_set1_epi8((j & 1) ? (char)0xf0 : 0x0f));
-}
-
-/* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats. */
+/* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats.
+ * Sub-blocks go in pairs (2p, 2p+1) that share their quant bytes: each 64-byte vector Q is
+ * loaded once and feeds both, as Q & 0x0f (sub-block 2p) and Q & 0xf0 = 16 q (2p+1, whose
+ * sum is shifted back exactly). Integer sums are order-free, so I is the reference's. */
 AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        const uint8_t *Bj = launder(B);
-        __m512i s[TCH];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
+    const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        __m512i se[TCH], so[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const __m512i W = q4k_w(Bj, j, i);
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-                s[t] = dp_bcast(s[t], W, y[t]->q + 32 * j + 4 * i);
+            const __m512i Q = LD(B + RP_Q4K_QS + 64 * (8 * p + i));
+            const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                se[t] = dp_bcast(se[t], lo, y[t]->q + 64 * p + 4 * i);
+                so[t] = dp_bcast(so[t], hi, y[t]->q + 64 * p + 32 + 4 * i);
+            }
         }
-        const __m512i sc = byte_to_dword(j < 4 ? slo : shi, j & 3);
+        const __m512i sce = byte_to_dword(p < 2 ? slo : shi, (2 * p) & 3);
+        const __m512i sco = byte_to_dword(p < 2 ? slo : shi, (2 * p + 1) & 3);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            if (j & 1) s[t] = _mm512_srai_epi32(s[t], 4);
-            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(s[t], sc));
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(se[t], sce));
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(_mm512_srai_epi32(so[t], 4), sco));
             pin(&I[t]);
         }
     }
