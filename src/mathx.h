@@ -67,4 +67,41 @@ static inline void mathx_rmsnorm(float *y, const float *x, const float *w, int n
     for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
 }
 
+/* Indices of the k largest of v[0..n) by (value desc, index asc): rank i is the first
+ * index, among those not yet taken, whose value no other untaken one exceeds by '>' (this
+ * definition also fixes what NaN does). */
+static inline void mathx_topk_reference(const float *v, int n, int k, int32_t *sel) {
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int j = 0; j < i; j++) taken |= sel[j] == e;
+            if (taken) continue;
+            if (best < 0 || v[e] > v[best]) best = e;
+        }
+        sel[i] = best;
+    }
+}
+
+/* mathx_topk_reference in one pass when v has no NaN (insertion into the sorted top k;
+ * equal values keep index order), else the reference itself. */
+static inline void mathx_topk(const float *v, int n, int k, int32_t *sel) {
+    int nan = 0;
+    for (int e = 0; e < n; e++) nan |= v[e] != v[e];
+    if (nan) {
+        mathx_topk_reference(v, n, k, sel);
+        return;
+    }
+    int cnt = 0;
+    for (int e = 0; e < n; e++) {
+        if (cnt == k && !(v[e] > v[sel[k - 1]])) continue;
+        int at = cnt < k ? cnt++ : k - 1;
+        while (at > 0 && v[e] > v[sel[at - 1]]) {
+            sel[at] = sel[at - 1];
+            at--;
+        }
+        sel[at] = e;
+    }
+}
+
 #endif

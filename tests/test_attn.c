@@ -103,6 +103,26 @@ int main(void) {
         }
         free(x), free(w), free(y1), free(y2);
     }
+    /* top-k routing: the one-pass form equals the definition, with many ties, signed
+     * zeros and k up to n */
+    {
+        float v[130];
+        int32_t a[130], b[130];
+        for (int rep = 0; rep < 400; rep++) {
+            int n = 1 + rep % 130, k = 1 + (rep * 7) % n;
+            for (int e = 0; e < n; e++) {
+                int c = rep % 3;
+                v[e] = c == 0 ? frand() : c == 1 ? (float)(int)(frand() * 3.0f) : (frand() < 0 ? -0.0f : 0.0f);
+            }
+            mathx_topk_reference(v, n, k, a);
+            mathx_topk(v, n, k, b);
+            CHECK(memcmp(a, b, sizeof(int32_t) * (size_t)k) == 0, "topk n %d k %d (rep %d) differs from the definition", n, k, rep);
+        }
+        v[0] = NAN, v[1] = 2.0f, v[2] = NAN, v[3] = 5.0f;
+        mathx_topk_reference(v, 4, 3, a);
+        mathx_topk(v, 4, 3, b);
+        CHECK(memcmp(a, b, sizeof(int32_t) * 3) == 0, "topk with NaN follows the definition");
+    }
     /* exp16 agrees with mathx_exp through the attention path: also check the scalar exp at edges */
     CHECK(mathx_exp(0.0f) == 1.0f && mathx_exp(-100.0f) == 0.0f && isinf(mathx_exp(100.0f)), "exp edges");
     printf("attention: %d (head dim, mode, group, position) cases, avx512 group bitwise equal to generic per head\n", checked);

@@ -356,16 +356,7 @@ static void route_task(void *ctx, int ith, int nth) {
         const float *lg = st->router + (size_t)r * hp->n_expert;
         int32_t *sel = st->sel + (size_t)r * hp->n_expert_used;
         float *w = st->selw + (size_t)r * hp->n_expert_used;
-        for (int i = 0; i < hp->n_expert_used; i++) {
-            int best = -1;
-            for (int e = 0; e < hp->n_expert; e++) {
-                bool taken = false;
-                for (int j = 0; j < i; j++) taken |= sel[j] == e;
-                if (taken) continue;
-                if (best < 0 || lg[e] > lg[best]) best = e;
-            }
-            sel[i] = best;
-        }
+        mathx_topk(lg, hp->n_expert, hp->n_expert_used, sel);
         float lmax = lg[sel[0]], sum = 0.0f;
         for (int i = 0; i < hp->n_expert_used; i++) {
             w[i] = mathx_exp(lg[sel[i]] - lmax);
