@@ -197,6 +197,7 @@ int bench_cmd(int argc, char **argv) {
     o.ctx = plen + gen + 1;
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, 512));
     engine *e = NULL, *eu = NULL;
+    double tc = time_now();
     if (engine_create(&e, m, &o, &err)) {
         fprintf(stderr, "ditto: %s\n", err.msg);
         model_free(m);
@@ -210,12 +211,13 @@ int bench_cmd(int argc, char **argv) {
         model_free(m);
         return 1;
     }
+    tc = time_now() - tc;
     char arena[256];
     kv_arena_describe(e->kv, arena, sizeof arena);
     double bw = bench_read_bandwidth(threads, (size_t)1 << 30, 3);
     uint64_t bpt = model_bytes_per_token(m);
-    printf("# ditto bench\n\nmodel: %s (%.2fB params, load %.2f s)\nbackend: %s\n%s\n", path, (double)m->n_params / 1e9,
-           tl, e->be->describe(e->be_state), arena);
+    printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\nbackend: %s\n%s\n",
+           path, (double)m->n_params / 1e9, tl, tc, e->be->describe(e->be_state), arena);
     printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, prefetch, 1 GiB on huge pages, best of 12): %.2f GB/s\n", threads,
            threads > 1 ? "s" : "", bw);
     printf("weights read per decoded token (solo): %.1f MiB -> bandwidth bound %.1f tok/s\n\n", bpt / 1048576.0,

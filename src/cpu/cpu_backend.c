@@ -166,7 +166,9 @@ static int job_of(const cpu_state *st, int u, int hint) {
 
 /* Prefetches (to L2) the first JOB_PF_BYTES of the weights of unit u, so the kernel
  * that starts there does not wait a full memory latency for its first lines. */
+#ifndef JOB_PF_BYTES
 #define JOB_PF_BYTES 4096
+#endif
 static void job_prefetch(const cpu_state *st, int u, int ji) {
     const gemm_job *j = &st->jobs[ji];
     const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;

@@ -70,8 +70,12 @@ AI __m512i dp_bcast(__m512i acc, __m512i W, const int8_t *p) {
 #endif
 }
 
-AI void prefetch_block(const uint8_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + RP_PF_DIST + o, RP_PF_HINT);
+/* Prefetches the `bytes` that lie RP_PF_DIST ahead of p, where they are still inside this
+ * call's rows (beyond `end` is another matrix: the caller prefetches the next call's start). */
+AI void prefetch_block(const uint8_t *p, size_t bytes, const uint8_t *end) {
+    const uint8_t *q = p + RP_PF_DIST;
+    if (q + bytes <= end)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, RP_PF_HINT);
 }
 
 /* acc = fma(d*da, (float)I, acc) per lane — the reference's two roundings. */
@@ -268,16 +272,17 @@ static void gemm_rp(const int type, GEMM_ARGS) {
     const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
+    const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
     for (int ts = 0; ts < n_tok; ts += TSUP) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6) prefetch_block(G, hdr);
+            if (is6) prefetch_block(G, hdr, end);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
-                prefetch_block(B, bb);
+                prefetch_block(B, bb, end);
                 /* chunks of up to 8 tokens; the block stays in L1 between them */
                 for (int tc = 0; tc < nt; tc += TCH) {
                     const int n = DT_MIN(TCH, nt - tc);
