@@ -52,9 +52,11 @@ int main(void) {
                     attn_group_avx512(q, ng, K, V, pos, hd, scale, b, s2);
                     CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0,
                           "hd %d mode %d group %d pos %d: avx512 != generic", hd, mode, ng, pos);
-                    uint32_t guard;
-                    memcpy(&guard, b + (size_t)ng * hd, 4);
-                    CHECK(ng == NG || guard == 0xffffffffu, "group %d wrote past its heads", ng);
+                    if (ng < NG) {
+                        uint32_t guard;
+                        memcpy(&guard, b + (size_t)ng * hd, 4);
+                        CHECK(guard == 0xffffffffu, "group %d wrote past its heads", ng);
+                    }
                     memset(b, 0xff, sizeof(float) * (size_t)NG * hd);
                     attn_group_generic(q, ng, K, V, pos, hd, scale, b, s1);
                     CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0, "group generic != per head");
