@@ -36,7 +36,7 @@ AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, int n, 
             _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
                 acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * hd + d]), k, acc[h]);
         }
-        const __mmask16 mk = n - j0 >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j0)) - 1);
+        const __mmask16 mk = mask16_first(n - j0);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
             _mm512_mask_storeu_ps(s + (size_t)h * ss + j0, mk, _mm512_mul_ps(acc[h], vscale));
     }
@@ -60,7 +60,7 @@ static float chunk_exp(float *s, int len, float m) {
     __m512 A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
     const __m512 vm = _mm512_set1_ps(m);
     for (int e = 0; e < len; e += 16) {
-        __mmask16 mk = len - e >= 16 ? 0xFFFF : (__mmask16)((1u << (len - e)) - 1);
+        __mmask16 mk = mask16_first(len - e);
         __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + e), vm));
         p = _mm512_maskz_mov_ps(mk, p);
         _mm512_mask_storeu_ps(s + e, mk, p);
@@ -69,10 +69,7 @@ static float chunk_exp(float *s, int len, float m) {
         else
             B = _mm512_mask_add_ps(B, mk, B, p);
     }
-    float lane[32];
-    _mm512_storeu_ps(lane, A);
-    _mm512_storeu_ps(lane + 16, B);
-    return mathx_butterfly32(lane);
+    return butterfly32_zmm(A, B);
 }
 
 /* For NH heads and NV 16-dim vectors starting at dim 16*v0: o_c = sum over the chunk's

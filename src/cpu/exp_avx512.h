@@ -1,4 +1,5 @@
-/* exp_avx512.h — mathx_exp on 16 lanes (include only from *_avx512.c files). */
+/* exp_avx512.h — mathx_exp on 16 lanes, and the 32-lane sum helpers shared by the
+ * AVX-512 kernels (include only from *_avx512.c files). */
 #ifndef DITTO_EXP_AVX512_H
 #define DITTO_EXP_AVX512_H
 
@@ -30,6 +31,19 @@ static inline __m512 exp16(__m512 x) {
     __m512 res = _mm512_maskz_mul_ps(normal, y, _mm512_castsi512_ps(e));
     res = _mm512_mask_mov_ps(res, big, _mm512_set1_ps(INFINITY));
     return _mm512_mask_mov_ps(res, nan, x);
+}
+
+/* Mask of the first min(rem, 16) lanes. */
+static inline __mmask16 mask16_first(int rem) {
+    return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
+}
+
+/* mathx_butterfly32 of the 32 lanes held as lanes 0..15 in A, 16..31 in B. */
+static inline float butterfly32_zmm(__m512 A, __m512 B) {
+    float lane[32];
+    _mm512_storeu_ps(lane, A);
+    _mm512_storeu_ps(lane + 16, B);
+    return mathx_butterfly32(lane);
 }
 
 #endif

@@ -8,7 +8,7 @@
 void vec_swiglu_avx512(const float *g, const float *u, float *h, int n) {
     const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = mask16_first(n - i);
         __m512 x = _mm512_maskz_loadu_ps(m, g + i);
         __m512 e = exp16(_mm512_xor_ps(x, sign));
         __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, e));
@@ -21,20 +21,17 @@ void vec_swiglu_avx512(const float *g, const float *u, float *h, int n) {
 void vec_rmsnorm_avx512(float *y, const float *x, const float *w, int n, float eps) {
     __m512 A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = mask16_first(n - i);
         __m512 v = _mm512_maskz_loadu_ps(m, x + i);
         if ((i / 16) % 2 == 0)
             A = _mm512_mask3_fmadd_ps(v, v, A, m);
         else
             B = _mm512_mask3_fmadd_ps(v, v, B, m);
     }
-    float lane[32];
-    _mm512_storeu_ps(lane, A);
-    _mm512_storeu_ps(lane + 16, B);
-    float ss = mathx_butterfly32(lane);
+    float ss = butterfly32_zmm(A, B);
     const __m512 r = _mm512_set1_ps(1.0f / sqrtf(ss / (float)n + eps));
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = mask16_first(n - i);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), r);
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
     }
