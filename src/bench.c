@@ -155,9 +155,43 @@ static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_
     return 0;
 }
 
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: n <= 100 */
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Medians over the repeats; the ratio to solo pairs each repeat's row with that repeat's
+ * solo row (measured a minute apart, not an afternoon). */
+static void summary(const int *streams, int n_streams, int rows, int repeat, bool unify, double agg[17][100],
+                    double adj[17][100]) {
+    printf("\n| streams | path | median tok/s | min | max | median %% of adj. | median x solo |\n");
+    printf("|---:|---|---:|---:|---:|---:|---:|\n");
+    int solo = !unify && streams[0] == 1 ? 0 : -1;
+    for (int i = 0; i < rows; i++) {
+        bool u = i == n_streams;
+        if (!u && unify && streams[i] == 1) continue;
+        double a[100], p[100], x[100];
+        for (int r = 0; r < repeat; r++) {
+            a[r] = agg[i][r];
+            p[r] = adj[i][r];
+            x[r] = solo >= 0 ? agg[i][r] / agg[solo][r] : 0.0;
+        }
+        double mn = a[0], mx = a[0];
+        for (int r = 1; r < repeat; r++) mn = DT_MIN(mn, a[r]), mx = DT_MAX(mx, a[r]);
+        printf("| %d | %s | %.2f | %.2f | %.2f | %.0f%% | %.2f |\n", u ? 1 : streams[i],
+               u ? "unify (batched)" : (streams[i] == 1 ? "solo" : "batched"), median(a, repeat), mn, mx,
+               median(p, repeat), median(x, repeat));
+    }
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
-    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1;
+    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1, repeat = 1;
     bool unify = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -174,9 +208,11 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 1, 1 << 20, &gen)) return 2;
         } else if (!strcmp(a, "--threads") && has) {
             if (cli_int("bench", a, argv[++i], 1, 256, &threads)) return 2;
+        } else if (!strcmp(a, "--repeat") && has) {
+            if (cli_int("bench", a, argv[++i], 1, 100, &repeat)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R]\n");
             return 2;
         }
     }
@@ -238,20 +274,29 @@ int bench_cmd(int argc, char **argv) {
      * run right before and right after it (best of 4 each): "% of adj." uses the larger. */
     printf("| streams | path | step ms | aggregate tok/s | per-stream tok/s | weight MiB/step | KV MiB/step | GB/s | %% of bw | adj. probe GB/s | %% of adj. |\n");
     printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for (int i = 0; i < n_streams + 1; i++) {
-        bench_row r;
-        bool u = i == n_streams;
-        if (u && !(streams[0] == 1 || unify)) break;
-        int S = u ? 1 : streams[i];
-        engine *eng = u ? eu : e;
-        if (!u && unify && S == 1) continue; /* shown as the unify row */
-        double bw0 = bench_read_bandwidth(threads, (size_t)1 << 30, 1);
-        if (decode_run(eng, S, plen, gen, 1000 + (uint64_t)i, &r, &err) < 0) goto fail;
-        double bwa = DT_MAX(bw0, bench_read_bandwidth(threads, (size_t)1 << 30, 1));
-        printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% | %.1f | %.0f%% |\n", S,
-               u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
-               r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw, bwa, 100.0 * r.gbs / bwa);
+    double agg[17][100], adj[17][100]; /* [row][repeat] */
+    int rows = 0;
+    for (int rep = 0; rep < repeat; rep++) {
+        rows = 0;
+        for (int i = 0; i < n_streams + 1; i++) {
+            bench_row r;
+            bool u = i == n_streams;
+            if (u && !(streams[0] == 1 || unify)) break;
+            int S = u ? 1 : streams[i];
+            engine *eng = u ? eu : e;
+            if (!u && unify && S == 1) continue; /* shown as the unify row */
+            double bw0 = bench_read_bandwidth(threads, (size_t)1 << 30, 1);
+            if (decode_run(eng, S, plen, gen, 1000 + (uint64_t)i, &r, &err) < 0) goto fail;
+            double bwa = DT_MAX(bw0, bench_read_bandwidth(threads, (size_t)1 << 30, 1));
+            printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% | %.1f | %.0f%% |\n", S,
+                   u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
+                   r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw, bwa, 100.0 * r.gbs / bwa);
+            agg[i][rep] = r.agg;
+            adj[i][rep] = 100.0 * r.gbs / bwa;
+            rows = i + 1;
+        }
     }
+    if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj);
     engine_free(eu);
     engine_free(e);
     model_free(m);
