@@ -40,28 +40,47 @@ __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth)
     c->sink[ith % 64] = (uint64_t)_mm256_extract_epi64(a0, 0);
 }
 
-double bench_read_bandwidth(int n_threads, size_t bytes, int reps) {
+struct bench_probe {
+    uint8_t *buf;
+    size_t bytes;
+    pool *pool;
+};
+
+bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     /* on transparent huge pages where the kernel gives them, as the repacked weights are */
     const size_t huge = (size_t)2 << 20;
     bytes = (bytes + huge - 1) & ~(huge - 1);
     uint8_t *buf = aligned_alloc(huge, bytes);
-    if (!buf) return 0;
+    if (!buf) return NULL;
     madvise(buf, bytes, MADV_HUGEPAGE);
     memset(buf, 1, bytes);
-    pool *p = pool_create(n_threads);
+    bench_probe *p = xcalloc(1, sizeof *p);
+    p->buf = buf;
+    p->bytes = bytes;
+    p->pool = pool_create(n_threads);
+    return p;
+}
+
+double bench_probe_run(bench_probe *p, int reps) {
+    if (!p) return 0;
     double best = 0;
     for (int streams = 1; streams <= 8; streams *= 2) {
-        bw_ctx c = {buf, bytes, streams, {0}};
+        bw_ctx c = {p->buf, p->bytes, streams, {0}};
         for (int r = 0; r < reps; r++) {
             double t0 = time_now();
-            pool_run(p, bw_task, &c);
-            double gbs = (double)bytes / (time_now() - t0) / 1e9;
+            pool_run(p->pool, bw_task, &c);
+            double gbs = (double)p->bytes / (time_now() - t0) / 1e9;
             if (gbs > best) best = gbs;
         }
     }
-    pool_free(p);
-    free(buf);
     return best;
+}
+
+void bench_probe_free(bench_probe *p) {
+    if (!p) return;
+    pool_free(p->pool);
+    free(p->buf);
+    free(p);
 }
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -250,7 +269,10 @@ int bench_cmd(int argc, char **argv) {
     tc = time_now() - tc;
     char arena[256];
     kv_arena_describe(e->kv, arena, sizeof arena);
-    double bw = bench_read_bandwidth(threads, (size_t)1 << 30, 3);
+    /* one buffer for every probe of the run: allocating and faulting 1 GiB before each row
+     * would itself disturb the row (page zeroing, and the VM host reclaiming freed memory) */
+    bench_probe *probe = bench_probe_create(threads, (size_t)1 << 30);
+    double bw = bench_probe_run(probe, 3);
     uint64_t bpt = model_bytes_per_token(m);
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\nbackend: %s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, e->be->describe(e->be_state), arena);
@@ -285,9 +307,9 @@ int bench_cmd(int argc, char **argv) {
             int S = u ? 1 : streams[i];
             engine *eng = u ? eu : e;
             if (!u && unify && S == 1) continue; /* shown as the unify row */
-            double bw0 = bench_read_bandwidth(threads, (size_t)1 << 30, 1);
+            double bw0 = bench_probe_run(probe, 1);
             if (decode_run(eng, S, plen, gen, 1000 + (uint64_t)i, &r, &err) < 0) goto fail;
-            double bwa = DT_MAX(bw0, bench_read_bandwidth(threads, (size_t)1 << 30, 1));
+            double bwa = DT_MAX(bw0, bench_probe_run(probe, 1));
             printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% | %.1f | %.0f%% |\n", S,
                    u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
                    r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw, bwa, 100.0 * r.gbs / bwa);
@@ -297,12 +319,14 @@ int bench_cmd(int argc, char **argv) {
         }
     }
     if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj);
+    bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);
     model_free(m);
     return 0;
 fail:
     fprintf(stderr, "ditto bench: %s\n", err.msg);
+    bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);
     model_free(m);

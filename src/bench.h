@@ -8,7 +8,12 @@
 /* argv[0] = "bench". Prints a markdown table; returns a process exit code. */
 int bench_cmd(int argc, char **argv);
 
-/* Read bandwidth in GB/s: wide vector loads over `bytes` on n_threads threads, best of `reps`. */
-double bench_read_bandwidth(int n_threads, size_t bytes, int reps);
+/* A read-bandwidth probe: a buffer of `bytes` (on huge pages where available, touched once)
+ * and n_threads threads. bench_probe_run returns GB/s: wide vector loads over the buffer as
+ * 1, 2, 4 and 8 interleaved streams per thread, best of `reps` each. NULL / 0 if out of memory. */
+typedef struct bench_probe bench_probe;
+bench_probe *bench_probe_create(int n_threads, size_t bytes);
+double bench_probe_run(bench_probe *p, int reps);
+void bench_probe_free(bench_probe *p);
 
 #endif
