@@ -1,5 +1,5 @@
-/* pool.c — persistent workers woken per job by a generation counter; spin a
- * little before sleeping on a condition variable. */
+/* pool.c — persistent workers woken per job by a generation counter; they spin
+ * (up to POOL_SPIN_NS) before sleeping on a condition variable. */
 #include "pool.h"
 
 #include <pthread.h>
