@@ -119,7 +119,12 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     DT_ASSERT(st->n_jobs < MAX_JOBS);
     gemm_job *j = &st->jobs[st->n_jobs++];
     const prep_weight *pw = cpu_prepared_find(st->prep, w);
-    if (pw) {
+    if (pw && !pw->repacked) { /* a plain copy on huge pages */
+        j->fn = st->gemm[w->type];
+        j->w = pw->data + (size_t)mat * pw->mat_bytes;
+        j->row_bytes = w->row_bytes;
+        j->unit_stride = w->row_bytes * GEMM_UNIT;
+    } else if (pw) {
         j->fn = st->gemm_rp[w->type];
         j->w = pw->data + (size_t)mat * pw->mat_bytes;
         j->row_bytes = pw->group_bytes;

@@ -62,18 +62,27 @@ static void repack_task(void *ctx, int ith, int nth) {
         for (int e = 0; e < w->n_mat; e++, base += gpm) {
             long a = DT_MAX(lo, base), b = DT_MIN(hi, base + gpm);
             if (a >= b) continue;
-            repack_rows(w->type, (const uint8_t *)w->data + (size_t)e * w->mat_bytes, w->row_bytes, w->rows, w->cols,
-                        (uint8_t *)pw->data + (size_t)e * pw->mat_bytes, (int)(a - base), (int)(b - base));
+            const uint8_t *src = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
+            uint8_t *dst = (uint8_t *)pw->data + (size_t)e * pw->mat_bytes;
+            if (pw->repacked) {
+                repack_rows(w->type, src, w->row_bytes, w->rows, w->cols, dst, (int)(a - base), (int)(b - base));
+            } else { /* groups of 16 rows, as the repack counts them */
+                size_t r0 = (size_t)(a - base) * REPACK_ROWS, r1 = DT_MIN((size_t)(b - base) * REPACK_ROWS, (size_t)w->rows);
+                memcpy(dst + r0 * w->row_bytes, src + r0 * w->row_bytes, (r1 - r0) * w->row_bytes);
+            }
         }
     }
 }
 
-static void add(cpu_prepared *cp, const model_weight *w) {
-    if (!w->data || !repack_supported(w->type) || cpu_prepared_find(cp, w)) return;
+/* Repacks w (Q4_K / Q6_K), or with copy set copies a float matrix as it is. */
+static void add(cpu_prepared *cp, const model_weight *w, bool copy) {
+    if (!w->data || cpu_prepared_find(cp, w)) return;
+    if (copy ? !(w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) : !repack_supported(w->type)) return;
     prep_weight *pw = &cp->items[cp->n];
     pw->w = w;
-    pw->mat_bytes = repack_bytes(w->type, w->rows, w->cols);
-    pw->group_bytes = repack_group_bytes(w->type, w->cols);
+    pw->repacked = !copy;
+    pw->mat_bytes = copy ? w->mat_bytes : repack_bytes(w->type, w->rows, w->cols);
+    pw->group_bytes = copy ? w->row_bytes : repack_group_bytes(w->type, w->cols);
     pw->data = (const uint8_t *)(uintptr_t)cp->bytes; /* offset until the mapping exists */
     cp->bytes += (pw->mat_bytes * (size_t)w->n_mat + 63) & ~(size_t)63;
     size_t h = hash_ptr(w);
@@ -88,18 +97,19 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
     m->prepared_free = prepared_free;
     const char *env = getenv("DITTO_REPACK");
     if (env && !strcmp(env, "0")) return cp;
-    int max_items = 1 + m->hp.n_layer * 8;
-    DT_ASSERT(max_items < PREP_CAP / 2);
+    int max_items = 1 + m->hp.n_layer * 11; /* output + per layer the 10 candidates below and the router */
+    if (max_items >= PREP_CAP / 2) return cp; /* a model this deep runs on the file layout */
     cp->items = xcalloc((size_t)max_items, sizeof(prep_weight));
     cp->slot = xmalloc(sizeof(int) * PREP_CAP);
     for (int i = 0; i < PREP_CAP; i++) cp->slot[i] = -1;
-    add(cp, &m->output);
+    add(cp, &m->output, false);
     for (int l = 0; l < m->hp.n_layer; l++) {
         const model_layer *L = &m->layers[l];
         const model_weight *ws[] = {&L->wq,        &L->wk,      &L->wv,        &L->wo,
                                     &L->gate_exps, &L->up_exps, &L->down_exps, &L->ffn_gate,
                                     &L->ffn_up,    &L->ffn_down};
-        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) add(cp, ws[i]);
+        for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) add(cp, ws[i], false);
+        add(cp, &L->gate_inp, true); /* the router: read whole every step */
     }
     if (!cp->bytes) return cp;
     /* 2 MiB-aligned, so that every byte can sit on a huge page */

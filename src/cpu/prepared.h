@@ -4,7 +4,8 @@
  * Q4_K and Q6_K matrices are repacked into 16-row interleaved groups (cpu/repack.h)
  * so SIMD lanes are output rows; the repacked kernels are bitwise equal to the
  * reference on the original layout, so preparing changes speed, never results.
- * The original file pages of a repacked matrix are released after the copy. */
+ * Float matrices that are streamed every step (the MoE router) are copied as they
+ * are, for the huge pages. The original file pages are released after the copy. */
 #ifndef DITTO_PREPARED_H
 #define DITTO_PREPARED_H
 
@@ -15,9 +16,11 @@
 
 typedef struct prep_weight {
     const model_weight *w; /* the model's weight this replaces */
-    const uint8_t *data;   /* repacked matrix 0; matrix e at data + e*mat_bytes */
-    size_t mat_bytes;      /* bytes per repacked matrix */
-    size_t group_bytes;    /* bytes per 16-row group (the gemm's row_bytes argument) */
+    const uint8_t *data;   /* prepared matrix 0; matrix e at data + e*mat_bytes */
+    size_t mat_bytes;      /* bytes per prepared matrix */
+    size_t group_bytes;    /* repacked: bytes per 16-row group (the gemm's row_bytes argument);
+                              copied: the row bytes */
+    int repacked;          /* 1: 16-row groups for the repacked kernels; 0: a plain copy */
 } prep_weight;
 
 typedef struct cpu_prepared cpu_prepared;
