@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A status for untrusted-input paths: functions return 0 on success or -1 after
  * filling err->msg with a message that names the offending field and value. */
@@ -45,5 +46,17 @@ int cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, 
 
 #define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* The bits of a float and back (memcpy: no aliasing games). */
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 #endif

@@ -2,7 +2,6 @@
 #include "kv.h"
 
 #include <errno.h>
-
 #include <string.h>
 #include <sys/mman.h>
 

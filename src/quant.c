@@ -8,16 +8,6 @@
 
 /* ---- fp16 / bf16 ------------------------------------------------------------ */
 
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 float fp16_to_f32(fp16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;

@@ -39,16 +39,6 @@ static inline uint64_t test_rnd(void) {
 static inline int test_rndi(int n) { return (int)(test_rnd() % (uint64_t)n); }
 static inline float test_rndu(void) { return (float)((test_rnd() >> 40) * (1.0 / 16777216.0)); } /* [0,1) */
 static inline float test_rnds(void) { return 2.0f * test_rndu() - 1.0f; }                       /* [-1,1) */
-static inline uint32_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float bitsf(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static inline int test_summary(void) {
     printf("%d passed, %d failed\n", test_passed, test_failed);

@@ -59,7 +59,7 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
         float *f = (float *)w;
         for (size_t i = 0; i < nbytes / 4; i++) {
             int c = adv ? test_rndi(8) : 7;
-            f[i] = c == 0 ? 0.0f : c == 1 ? -0.0f : c == 2 ? bitsf((uint32_t)test_rndi(1 << 23) | (test_rnd() & 0x80000000u))
+            f[i] = c == 0 ? 0.0f : c == 1 ? -0.0f : c == 2 ? bits_f32((uint32_t)test_rndi(1 << 23) | (test_rnd() & 0x80000000u))
                  : c == 3 ? test_rnds() * 1e15f : test_rnds() * 4.0f;
         }
         return;
@@ -72,7 +72,7 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
                 do v = (uint16_t)test_rnd(); while (((v >> 10) & 0x1F) == 0x1F); /* finite, incl. subnormals */
                 h[i] = v;
             } else {
-                h[i] = (uint16_t)(fbits(test_rnds() * (adv && test_rndi(4) == 0 ? 1e15f : 3.0f)) >> 16);
+                h[i] = (uint16_t)(f32_bits(test_rnds() * (adv && test_rndi(4) == 0 ? 1e15f : 3.0f)) >> 16);
                 if (adv && test_rndi(8) == 0) h[i] = (uint16_t)(test_rndi(2) << 15 | test_rndi(128)); /* +-0, subnormal */
             }
         }
@@ -134,8 +134,8 @@ static void fill_act_exotic(float *x, int k) {
     for (int i0 = 0; i0 < k; i0 += 32) {
         float *v = x + i0;
         switch (test_rndi(6)) {
-        case 0: for (int i = 0; i < 32; i++) v[i] = bitsf((uint32_t)test_rndi(200)) * (test_rndi(2) ? 1.0f : -1.0f); break;
-        case 1: for (int i = 0; i < 32; i++) v[i] = bitsf((uint32_t)test_rndi(1 << 23)) * (test_rndi(2) ? 1.0f : -1.0f); break;
+        case 0: for (int i = 0; i < 32; i++) v[i] = bits_f32((uint32_t)test_rndi(200)) * (test_rndi(2) ? 1.0f : -1.0f); break;
+        case 1: for (int i = 0; i < 32; i++) v[i] = bits_f32((uint32_t)test_rndi(1 << 23)) * (test_rndi(2) ? 1.0f : -1.0f); break;
         case 2: v[test_rndi(32)] = test_rndi(2) ? INFINITY : -INFINITY; break;
         case 3: v[test_rndi(32)] = NAN; break;
         case 4: for (int i = 0; i < 32; i++) v[i] = test_rnds() * 3e38f; break;
@@ -283,18 +283,18 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     const size_t stride = (size_t)R + 5;
     const size_t on = stride * (size_t)n_tok;
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
-    for (size_t i = 0; i < on; i++) ref[i] = bitsf(0x7FC0DEAD);
+    for (size_t i = 0; i < on; i++) ref[i] = bits_f32(0x7FC0DEAD);
     tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
     for (int lv = CPU_AVX2; lv <= (int)g_max; lv++) {
         quant_gemm_fn f = cpu_quant_gemm(type, (enum cpu_level)lv);
-        for (size_t i = 0; i < on; i++) got[i] = bitsf(0x7FC0DEAD);
+        for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
         f(w, rb, r0, r1, k, a, ab, n_tok, got, stride);
         int bad = memcmp(ref, got, on * 4) != 0;
         if (bad) {
             for (size_t i = 0; i < on; i++)
-                if (fbits(ref[i]) != fbits(got[i])) {
+                if (f32_bits(ref[i]) != f32_bits(got[i])) {
                     fprintf(stderr, "  first diff at tok %zu row %zu: ref %a (%08x) got %a (%08x)\n", i / stride,
-                            i % stride, ref[i], fbits(ref[i]), got[i], fbits(got[i]));
+                            i % stride, ref[i], f32_bits(ref[i]), got[i], f32_bits(got[i]));
                     break;
                 }
         }
@@ -361,15 +361,15 @@ static void test_signed_zero_tails(void) {
             for (int i = 0; i < k * R; i++) {
                 if (types[ti] == QT_F32) ((float *)w)[i] = -1e-30f;
                 else if (types[ti] == QT_F16) ((uint16_t *)w)[i] = 0x8001;
-                else ((uint16_t *)w)[i] = (uint16_t)(fbits(-1e-30f) >> 16);
+                else ((uint16_t *)w)[i] = (uint16_t)(f32_bits(-1e-30f) >> 16);
             }
             for (int i = 0; i < k * NT; i++) x[i] = types[ti] == QT_F16 ? 1e-40f : 1e-30f;
             tr->gemm(w, rb, 0, R, k, x, (size_t)k * 4, NT, ref, R);
             for (int lv = CPU_AVX2; lv <= (int)g_max; lv++) {
                 cpu_quant_gemm(types[ti], (enum cpu_level)lv)(w, rb, 0, R, k, x, (size_t)k * 4, NT, got, R);
-                CHECK(!memcmp(ref, got, sizeof ref) && (k < 32 || fbits(ref[0]) == 0x80000000u),
+                CHECK(!memcmp(ref, got, sizeof ref) && (k < 32 || f32_bits(ref[0]) == 0x80000000u),
                       "%s %s k=%d: signed zero through the tail (ref %08x got %08x)", tr->name,
-                      cpu_level_name((enum cpu_level)lv), k, fbits(ref[0]), fbits(got[0]));
+                      cpu_level_name((enum cpu_level)lv), k, f32_bits(ref[0]), f32_bits(got[0]));
             }
             free(w), free(x);
         }
@@ -518,7 +518,7 @@ __attribute__((target("avx512f"))) static int f16c_zmm_check(void) {
         _mm512_storeu_ps(f, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)hs)));
         for (int i = 0; i < 16; i++) {
             const float r = fp16_to_f32(hs[i]);
-            if (isnan(r) ? !isnan(f[i]) : fbits(r) != fbits(f[i])) bad++;
+            if (isnan(r) ? !isnan(f[i]) : f32_bits(r) != f32_bits(f[i])) bad++;
         }
     }
     return bad;
@@ -534,7 +534,7 @@ static void test_fp16(void) {
             continue;
         }
         if (f32_to_fp16(f) != h) round_bad++;
-        if (fbits(f) != fbits(c)) f16c_bad++;
+        if (f32_bits(f) != f32_bits(c)) f16c_bad++;
     }
     CHECK(!round_bad, "f32_to_fp16(fp16_to_f32(h)) != h for %d values", round_bad);
     CHECK(!f16c_bad, "F16C cvtph differs from fp16_to_f32 for %d values", f16c_bad);
@@ -552,7 +552,7 @@ static void test_fp16(void) {
         }
     }
     for (int i = 0; i < 1000000; i++) {
-        float f = bitsf((uint32_t)test_rnd());
+        float f = bits_f32((uint32_t)test_rnd());
         if (isnan(f)) continue;
         const int c = _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0);
         if (f32_to_fp16(f) != (fp16_t)c) cvt_bad++;
@@ -561,7 +561,7 @@ static void test_fp16(void) {
     /* bf16 */
     int bf_bad = 0;
     for (int h = 0; h < 65536; h++)
-        if (fbits(bf16_to_f32((bf16_t)h)) != (uint32_t)h << 16) bf_bad++;
+        if (f32_bits(bf16_to_f32((bf16_t)h)) != (uint32_t)h << 16) bf_bad++;
     CHECK(!bf_bad, "bf16_to_f32 wrong for %d values", bf_bad);
 }
 

@@ -102,7 +102,7 @@ static void make_act(uint8_t *dst, int k, int adv, float *xf) {
         if (kind >= 3) continue;
         for (int l = 0; l < QK_K; l++)
             b[i].q[l] = (int8_t)(kind == 0 ? 0 : kind == 1 ? (test_rndi(2) ? 127 : -127) : (i & 1 ? -127 : 127));
-        b[i].d = kind == 0 ? 0.0f : bitsf(fbits(1.0f) + (uint32_t)test_rndi(1 << 23)) * powf(2.0f, (float)(test_rndi(40) - 20));
+        b[i].d = kind == 0 ? 0.0f : bits_f32(f32_bits(1.0f) + (uint32_t)test_rndi(1 << 23)) * powf(2.0f, (float)(test_rndi(40) - 20));
         for (int j = 0; j < 16; j++) {
             int s = 0;
             for (int l = 0; l < 16; l++) s += b[i].q[16 * j + l];
@@ -134,18 +134,18 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     const size_t stride = (size_t)ng * 16 + 3;
     const size_t on = stride * (size_t)n_tok;
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
-    for (size_t i = 0; i < on; i++) ref[i] = bitsf(0x7FC0DEAD);
+    for (size_t i = 0; i < on; i++) ref[i] = bits_f32(0x7FC0DEAD);
     tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
     for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
         const quant_gemm_fn f = repack_gemm(type, (enum cpu_level)lv);
-        for (size_t i = 0; i < on; i++) got[i] = bitsf(0x7FC0DEAD);
+        for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
         f(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
         const int bad = memcmp(ref, got, on * 4) != 0;
         if (bad)
             for (size_t i = 0; i < on; i++)
-                if (fbits(ref[i]) != fbits(got[i])) {
+                if (f32_bits(ref[i]) != f32_bits(got[i])) {
                     fprintf(stderr, "  first diff at tok %zu row %zu: ref %a (%08x) got %a (%08x)\n", i / stride,
-                            i % stride, ref[i], fbits(ref[i]), got[i], fbits(got[i]));
+                            i % stride, ref[i], f32_bits(ref[i]), got[i], f32_bits(got[i]));
                     break;
                 }
         CHECK(!bad, "%s %s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal to the reference",

@@ -119,19 +119,14 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     DT_ASSERT(st->n_jobs < MAX_JOBS);
     gemm_job *j = &st->jobs[st->n_jobs++];
     const prep_weight *pw = cpu_prepared_find(st->prep, w);
-    if (pw && !pw->repacked) { /* a plain copy on huge pages */
-        j->fn = st->gemm[w->type];
-        j->w = pw->data + (size_t)mat * pw->mat_bytes;
-        j->row_bytes = w->row_bytes;
-        j->unit_stride = w->row_bytes * GEMM_UNIT;
-    } else if (pw) {
+    /* the prepared copy where there is one (repacked, or plain on huge pages), else the file's */
+    j->w = pw ? pw->data + (size_t)mat * pw->mat_bytes : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+    if (pw && pw->repacked) {
         j->fn = st->gemm_rp[w->type];
-        j->w = pw->data + (size_t)mat * pw->mat_bytes;
         j->row_bytes = pw->group_bytes;
         j->unit_stride = pw->group_bytes * (GEMM_UNIT / REPACK_ROWS);
     } else {
         j->fn = st->gemm[w->type];
-        j->w = (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
         j->row_bytes = w->row_bytes;
         j->unit_stride = w->row_bytes * GEMM_UNIT;
     }
@@ -145,11 +140,6 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
 }
 
-/* Every 16-row unit of every queued job, handed out dynamically: a thread claims
- * the next run of units (guided: a share of what is left, never under one unit)
- * until none remain, so a thread slowed by the memory system or descheduled by
- * the host does not leave the others waiting at the barrier. Which thread
- * computes a row never affects its bits. */
 /* Claims the next run of units [*u0, *u1); false when none remain. */
 static bool jobs_claim(cpu_state *st, int nth, int *u0, int *u1) {
     int total = st->job_unit0[st->n_jobs], cur = atomic_load_explicit(&st->job_next, memory_order_relaxed), take;
@@ -171,9 +161,7 @@ static int job_of(const cpu_state *st, int u, int hint) {
 
 /* Prefetches (to L2) the first JOB_PF_BYTES of the weights of unit u, so the kernel
  * that starts there does not wait a full memory latency for its first lines. */
-#ifndef JOB_PF_BYTES
 #define JOB_PF_BYTES 4096
-#endif
 static void job_prefetch(const cpu_state *st, int u, int ji) {
     const gemm_job *j = &st->jobs[ji];
     const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;

@@ -45,6 +45,18 @@ static void prepared_free(void *p) {
     free(cp);
 }
 
+/* 16-row groups of one of w's matrices, and of all of them (the repack's unit of work). */
+static long mat_groups(const model_weight *w) { return (long)((w->rows + REPACK_ROWS - 1) / REPACK_ROWS); }
+static long item_groups(const model_weight *w) { return mat_groups(w) * w->n_mat; }
+
+/* The pages of w's bytes in the file mapping: all that touch them (outward) or only those
+ * wholly inside (inward). */
+static void file_pages(const model_weight *w, uintptr_t pg, bool outward, uintptr_t *a, uintptr_t *b) {
+    uintptr_t lo = (uintptr_t)w->data, hi = lo + w->mat_bytes * (size_t)w->n_mat;
+    *a = outward ? lo & ~(pg - 1) : (lo + pg - 1) & ~(pg - 1);
+    *b = outward ? (hi + pg - 1) & ~(pg - 1) : hi & ~(pg - 1);
+}
+
 typedef struct rp_task {
     cpu_prepared *cp;
     long total_groups;
@@ -58,7 +70,7 @@ static void repack_task(void *ctx, int ith, int nth) {
     for (int i = 0; i < t->cp->n && base < hi; i++) {
         const prep_weight *pw = &t->cp->items[i];
         const model_weight *w = pw->w;
-        long gpm = (w->rows + REPACK_ROWS - 1) / REPACK_ROWS;
+        long gpm = mat_groups(w);
         for (int e = 0; e < w->n_mat; e++, base += gpm) {
             long a = DT_MAX(lo, base), b = DT_MIN(hi, base + gpm);
             if (a >= b) continue;
@@ -130,7 +142,7 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
     for (int i = 0; i < cp->n; i++) {
         prep_weight *pw = &cp->items[i];
         pw->data = cp->mem + (size_t)(uintptr_t)pw->data;
-        groups += (long)((pw->w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * pw->w->n_mat;
+        groups += item_groups(pw->w);
     }
     /* In slices, so a terminal sees progress. After each slice the file pages of the
      * matrices it finished are dropped (MADV_PAGEOUT also evicts them from the page cache;
@@ -138,28 +150,27 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
      * its repacked copy anyway): the memory they free is what lets the next slice's
      * destination get huge pages instead of fragments. The embedding keeps its pages. */
     const long slices = 50;
-    long pg = sysconf(_SC_PAGESIZE), gend = 0, gbeg = 0;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a, b;
+    long gend = 0, gbeg = 0;
     int released = 0, populated = 0;
     for (long sl = 0; sl < slices; sl++) {
         rp_task t = {cp, groups, groups * sl / slices, groups * (sl + 1) / slices};
         /* read this slice's sources in bulk (a no-op where the model load already did) */
         for (long g = gbeg; populated < cp->n && g < t.hi; populated++) {
             const model_weight *w = cp->items[populated].w;
-            g += (long)((w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * w->n_mat;
-            uintptr_t a = (uintptr_t)w->data & ~((uintptr_t)pg - 1);
-            uintptr_t b = ((uintptr_t)w->data + w->mat_bytes * (size_t)w->n_mat + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+            g += item_groups(w);
+            file_pages(w, pg, true, &a, &b);
             madvise((void *)a, b - a, MADV_POPULATE_READ);
             gbeg = g;
         }
         pool_run(p, repack_task, &t);
         for (; released < cp->n; released++) {
             const model_weight *w = cp->items[released].w;
-            long g = gend + (long)((w->rows + REPACK_ROWS - 1) / REPACK_ROWS) * w->n_mat;
+            long g = gend + item_groups(w);
             if (g > t.hi) break;
             gend = g;
             if (w->data == m->tok_embd.data) continue;
-            uintptr_t a = ((uintptr_t)w->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-            uintptr_t b = ((uintptr_t)w->data + w->mat_bytes * (size_t)w->n_mat) & ~((uintptr_t)pg - 1);
+            file_pages(w, pg, false, &a, &b);
             if (b > a && madvise((void *)a, b - a, MADV_PAGEOUT) != 0) madvise((void *)a, b - a, MADV_DONTNEED);
         }
         progress_show("repacking weights", (uint64_t)sl + 1, (uint64_t)slices);

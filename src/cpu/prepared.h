@@ -27,9 +27,10 @@ typedef struct cpu_prepared cpu_prepared;
 
 /* The model's prepared weights, built on first use with pool (env DITTO_REPACK=0: none). */
 const cpu_prepared *cpu_prepared_get(model *m, pool *p);
-/* The repacked form of w, or NULL (use w as it is). */
+/* The prepared form of w (repacked, or a plain copy: see prep_weight.repacked), or NULL
+ * (use w as it is). */
 const prep_weight *cpu_prepared_find(const cpu_prepared *cp, const model_weight *w);
-/* Bytes of repacked weights (0 when none). */
+/* Bytes of prepared weights (0 when none). */
 size_t cpu_prepared_bytes(const cpu_prepared *cp);
 
 #endif
