@@ -23,7 +23,15 @@ typedef struct backend_opts {
     int n_threads;
     int max_rows;   /* most rows one forward call may carry */
     int cpu_level;  /* CPU kernels: -1 = best detected (enum cpu_level otherwise) */
+    bool profile;   /* time every stage of the step (see backend_ops.profile) */
 } backend_opts;
+
+/* Wall time and weight bytes of one stage of the step, summed over all forward calls. */
+typedef struct backend_stage {
+    const char *name;
+    double seconds;
+    uint64_t weight_bytes;
+} backend_stage;
 
 typedef struct backend_ops {
     const char *name;
@@ -35,6 +43,9 @@ typedef struct backend_ops {
     void (*forward)(void *state, const engine_batch *b, bool solo, float *logits);
     /* Bytes of weights and of KV read by all forward calls so far. */
     void (*counters)(void *state, uint64_t *weight_bytes, uint64_t *kv_bytes);
+    /* Copies up to cap per-stage totals (zero unless created with profile) into out;
+     * returns the number of stages. */
+    int (*profile)(void *state, backend_stage *out, int cap);
     /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
     const char *(*describe)(void *state);
     void (*destroy)(void *state);

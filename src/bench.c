@@ -133,10 +133,13 @@ static double prefill(engine *e, int slot, int len, uint64_t *rng, int32_t *last
     return dt;
 }
 
+#define BENCH_STAGES 32
 typedef struct bench_row {
     const char *label;
     int streams;
     double step_ms, agg, per_stream, wbytes, kvbytes, gbs;
+    int n_stages;                      /* per-stage profile (engine created with profile) */
+    backend_stage stage[BENCH_STAGES]; /* per decode step */
 } bench_row;
 
 /* S streams prefilled (untimed), then gen decode steps with all S rows. */
@@ -151,6 +154,8 @@ static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_
         want[s] = 1;
     }
     uint64_t w0, k0, w1, k1;
+    backend_stage p0[BENCH_STAGES], p1[BENCH_STAGES];
+    int np = e->be->profile(e->be_state, p0, BENCH_STAGES);
     e->be->counters(e->be_state, &w0, &k0);
     double t0 = time_now();
     for (int g = 0; g < gen; g++) {
@@ -163,6 +168,11 @@ static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_
     }
     double dt = time_now() - t0;
     e->be->counters(e->be_state, &w1, &k1);
+    e->be->profile(e->be_state, p1, BENCH_STAGES);
+    row->n_stages = DT_MIN(np, BENCH_STAGES);
+    for (int i = 0; i < row->n_stages; i++)
+        row->stage[i] = (backend_stage){p1[i].name, (p1[i].seconds - p0[i].seconds) / gen,
+                                        (p1[i].weight_bytes - p0[i].weight_bytes) / (uint64_t)gen};
     for (int s = 0; s < S; s++) kv_slot_release(e->kv, sl[s]);
     row->streams = S;
     row->step_ms = 1e3 * dt / gen;
@@ -208,10 +218,38 @@ static void summary(const int *streams, int n_streams, int rows, int repeat, boo
     }
 }
 
+/* Per-stage table of the first repeat's rows: ms per step, and GB/s where a stage reads weights. */
+static void print_profile(const bench_row *rows, int n) {
+    if (n < 1 || rows[0].n_stages < 1) return;
+    printf("\nper-stage time per decode step (first repeat): ms, and weight GB/s for gemm stages\n\n| stage |");
+    for (int i = 0; i < n; i++) printf(" %d %s |", rows[i].streams, rows[i].label);
+    printf("\n|---|");
+    for (int i = 0; i < n; i++) printf("---:|");
+    printf("\n");
+    for (int s = 0; s < rows[0].n_stages; s++) {
+        printf("| %s |", rows[0].stage[s].name);
+        for (int i = 0; i < n; i++) {
+            const backend_stage *b = &rows[i].stage[s];
+            if (b->weight_bytes && b->seconds > 0)
+                printf(" %.2f (%.0f GB/s) |", 1e3 * b->seconds, (double)b->weight_bytes / b->seconds / 1e9);
+            else
+                printf(" %.2f |", 1e3 * b->seconds);
+        }
+        printf("\n");
+    }
+    printf("| sum of stages |");
+    for (int i = 0; i < n; i++) {
+        double t = 0;
+        for (int s = 0; s < rows[i].n_stages; s++) t += rows[i].stage[s].seconds;
+        printf(" %.2f of %.2f |", 1e3 * t, rows[i].step_ms);
+    }
+    printf("\n");
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1, repeat = 1;
-    bool unify = false;
+    bool unify = false, profile = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -230,8 +268,9 @@ int bench_cmd(int argc, char **argv) {
         } else if (!strcmp(a, "--repeat") && has) {
             if (cli_int("bench", a, argv[++i], 1, 100, &repeat)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
+        else if (!strcmp(a, "--profile")) profile = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R] [--profile]\n");
             return 2;
         }
     }
@@ -251,6 +290,7 @@ int bench_cmd(int argc, char **argv) {
     o.max_streams = max_s;
     o.ctx = plen + gen + 1;
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, 512));
+    o.profile = profile;
     engine *e = NULL, *eu = NULL;
     double tc = time_now();
     if (engine_create(&e, m, &o, &err)) {
@@ -297,6 +337,7 @@ int bench_cmd(int argc, char **argv) {
     printf("| streams | path | step ms | aggregate tok/s | per-stream tok/s | weight MiB/step | KV MiB/step | GB/s | %% of bw | adj. probe GB/s | %% of adj. |\n");
     printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double agg[17][100], adj[17][100]; /* [row][repeat] */
+    static bench_row first[17];        /* the first repeat's rows, for the profile */
     int rows = 0;
     for (int rep = 0; rep < repeat; rep++) {
         rows = 0;
@@ -313,12 +354,15 @@ int bench_cmd(int argc, char **argv) {
             printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% | %.1f | %.0f%% |\n", S,
                    u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
                    r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw, bwa, 100.0 * r.gbs / bwa);
+            r.label = u ? "unify" : (S == 1 ? "solo" : "streams");
+            if (rep == 0) first[i] = r;
             agg[i][rep] = r.agg;
             adj[i][rep] = 100.0 * r.gbs / bwa;
             rows = i + 1;
         }
     }
     if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj);
+    if (profile) print_profile(first, rows);
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

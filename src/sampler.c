@@ -32,11 +32,25 @@ double sampler_uniform(uint64_t seed, int64_t position) {
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* Defined as the scan `best = 0; for i: if (x[i] > x[best]) best = i`: the first index of
+ * the largest value under `>` (so -0 and +0 tie, NaNs are never chosen unless x[0] is one,
+ * which no later value exceeds). Computed as two passes that vectorize: the maximum over 8
+ * independent lanes (`a > b ? a : b` keeps b for NaN), then the first index equal to it.
+ * The scan itself was a load-compare chain of ~4 ns per entry, 0.6 ms per row at 152k. */
 int32_t sampler_argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    if (n < 1 || !(x[0] == x[0])) return 0;
+    float m[8];
+    for (int j = 0; j < 8; j++) m[j] = x[0];
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+    float mx = m[0];
+    for (int j = 1; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
+    for (i = 0; i < n; i++)
+        if (x[i] == mx) return i;
+    DT_ASSERT(0); /* mx is one of x[0..n) */
+    return 0;
 }
 
 typedef struct cand {

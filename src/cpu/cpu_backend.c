@@ -22,6 +22,16 @@
 #define GEMM_UNIT 16   /* rows per work unit */
 #define MAX_JOBS 1024
 
+/* Stages of a step, in order, for the optional profile. */
+enum cpu_stage {
+    CS_NORM, CS_QKV, CS_QK_ROPE, CS_ATTN, CS_ACT_ATT, CS_O, CS_FFN_IN, CS_ROUTER, CS_ROUTE,
+    CS_GATE_UP, CS_SWIGLU, CS_DOWN, CS_COMBINE, CS_OUTPUT, CS_COUNT
+};
+static const char *const cpu_stage_names[CS_COUNT] = {
+    "embed + attn norm", "q/k/v gemm", "q/k norm, rope, kv store", "attention", "attn out quant",
+    "o gemm", "residual + ffn norm", "router gemm", "routing top-k", "gate/up gemm (+ gather)",
+    "swiglu", "down gemm", "combine", "out norm + output gemm"};
+
 typedef struct gemm_job {
     quant_gemm_fn fn;
     const void *w;
@@ -77,7 +87,22 @@ typedef struct cpu_state {
     int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
     _Atomic int job_next;                   /* next unclaimed unit */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
+    bool profile;
+    double prof_t0;                        /* end of the last profiled stage */
+    uint64_t prof_b0;                      /* weight_bytes then */
+    double prof_s[CS_COUNT];               /* seconds per stage, summed */
+    uint64_t prof_b[CS_COUNT];             /* weight bytes per stage, summed */
 } cpu_state;
+
+/* Closes stage s (profile only): the time and weight bytes since the previous mark. */
+static void prof_mark(cpu_state *st, enum cpu_stage s) {
+    if (!st->profile) return;
+    double t = time_now();
+    st->prof_s[s] += t - st->prof_t0;
+    st->prof_b[s] += st->weight_bytes - st->prof_b0;
+    st->prof_t0 = t;
+    st->prof_b0 = st->weight_bytes;
+}
 
 /* ---- activation sets ----------------------------------------------------------- */
 
@@ -448,10 +473,12 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
         job_add(st, &L->up_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->u + o * F, (size_t)F);
     }
     jobs_run(st);
+    prof_mark(st, CS_GATE_UP);
     c->w0 = &L->down_exps;
     c->w1 = c->w2 = NULL;
     c->n_out = P;
     run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
+    prof_mark(st, CS_SWIGLU);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int e = 0; e < hp->n_expert; e++) {
         if (!st->exp_cnt[e]) continue;
@@ -459,6 +486,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
         job_add(st, &L->down_exps, e, hq + o * ab, ab, st->exp_cnt[e], st->y + o * E, (size_t)E);
     }
     jobs_run(st);
+    prof_mark(st, CS_DOWN);
 }
 
 /* One row: each selected expert reads the row's activations in place (matrix-vector). */
@@ -474,14 +502,17 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
         job_add(st, &L->up_exps, st->sel[i], act, ab, 1, st->u + (size_t)i * F, (size_t)F);
     }
     jobs_run(st);
+    prof_mark(st, CS_GATE_UP);
     c->w0 = &L->down_exps;
     c->w1 = c->w2 = NULL;
     c->n_out = K;
     run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
+    prof_mark(st, CS_SWIGLU);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
     jobs_run(st);
+    prof_mark(st, CS_DOWN);
 }
 
 static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
@@ -493,13 +524,16 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     act = act_for(&st->a_embd, &L->ffn_up, &ab);
     job_add(st, &L->ffn_up, 0, act, ab, n, st->u, (size_t)F);
     jobs_run(st);
+    prof_mark(st, CS_GATE_UP);
     c->w0 = &L->ffn_down;
     c->w1 = c->w2 = NULL;
     c->n_out = n;
     run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
+    prof_mark(st, CS_SWIGLU);
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
     jobs_run(st);
+    prof_mark(st, CS_DOWN);
 }
 
 /* Attention work of a batch: positions x query-head elements. */
@@ -515,6 +549,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     const model_hparams *hp = &m->hp;
     int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
     DT_ASSERT(n >= 1 && n <= st->max_rows);
+    if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
     for (int r = 0; r < n; r++) model_embed(m, b->token[r], st->x + (size_t)r * E);
     st->weight_bytes += (uint64_t)n * m->tok_embd.row_bytes;
     step_ctx c = {.st = st, .b = b};
@@ -525,6 +560,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         c.norm = L->attn_norm;
         c.w0 = &L->wq, c.w1 = &L->wk, c.w2 = &L->wv;
         run_items(st, norm_task, &c, n, (long)n * E);
+        prof_mark(st, CS_NORM);
         const void *act = act_for(&st->a_embd, &L->wq, &ab);
         job_add(st, &L->wq, 0, act, ab, n, st->q, (size_t)H);
         act = act_for(&st->a_embd, &L->wk, &ab);
@@ -532,25 +568,33 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         act = act_for(&st->a_embd, &L->wv, &ab);
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         jobs_run(st);
+        prof_mark(st, CS_QKV);
         run_items(st, qk_task, &c, n, (long)n * (H + HKV));
+        prof_mark(st, CS_QK_ROPE);
         run_items(st, attn_task, &c, (long)n * hp->n_head_kv, attn_work(b, H));
+        prof_mark(st, CS_ATTN);
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
         run_items(st, act_att_task, &c, n, (long)n * H);
+        prof_mark(st, CS_ACT_ATT);
         act = act_for(&st->a_att, &L->wo, &ab);
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
         jobs_run(st);
+        prof_mark(st, CS_O);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) {
             c.w0 = &L->gate_exps, c.w1 = &L->up_exps, c.w2 = &L->gate_inp;
         } else {
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
         run_items(st, ffn_in_task, &c, n, (long)n * E * 2);
+        prof_mark(st, CS_FFN_IN);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) { /* router: one gemm over all rows, then top-k */
             act = act_for(&st->a_embd, &L->gate_inp, &ab);
             job_add(st, &L->gate_inp, 0, act, ab, n, st->router, (size_t)hp->n_expert);
             jobs_run(st);
+            prof_mark(st, CS_ROUTER);
             run_items(st, route_task, &c, n, (long)n * hp->n_expert * hp->n_expert_used);
+            prof_mark(st, CS_ROUTE);
         }
         if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
             ffn_moe_solo(st, &c);
@@ -559,6 +603,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         else
             ffn_dense(st, &c, n);
         run_items(st, combine_task, &c, n, (long)n * E * (hp->n_expert_used + 1));
+        prof_mark(st, CS_COMBINE);
     }
     int32_t out_rows[st->max_rows];
     int n_out = 0;
@@ -572,6 +617,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
     jobs_run(st);
+    prof_mark(st, CS_OUTPUT);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------- */
@@ -585,6 +631,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->kv = kv;
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;
+    st->profile = o->profile;
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
@@ -652,6 +699,13 @@ static void cpu_counters(void *state, uint64_t *weight_bytes, uint64_t *kv_bytes
     *kv_bytes = st->kv_bytes;
 }
 
+static int cpu_profile(void *state, backend_stage *out, int cap) {
+    const cpu_state *st = state;
+    for (int i = 0; i < CS_COUNT && i < cap; i++)
+        out[i] = (backend_stage){cpu_stage_names[i], st->prof_s[i], st->prof_b[i]};
+    return CS_COUNT;
+}
+
 static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc; }
 
 static void cpu_destroy(void *state) {
@@ -669,4 +723,5 @@ static void cpu_destroy(void *state) {
     free(st);
 }
 
-const backend_ops cpu_backend_ops = {"cpu", cpu_create, cpu_forward, cpu_counters, cpu_describe, cpu_destroy};
+const backend_ops cpu_backend_ops = {"cpu",        cpu_create,   cpu_forward, cpu_counters,
+                                     cpu_profile, cpu_describe, cpu_destroy};
