@@ -198,6 +198,9 @@ static void test_gemm(uint32_t type) {
         gemm_case(type, 67, 48, 67, 9 + test_rndi(9), KS[i], 0, 0);
         gemm_case(type, 16, 0, 16, 8, KS[i], 1, 1);
     }
+    /* rows long enough that the kernels take fewer than 64 tokens per pass (nb = 64, 96) */
+    gemm_case(type, 20, 0, 20, 40, 16384, 1, 1);
+    gemm_case(type, 33, 16, 33, 70, 24576, 0, 1);
     /* random everything */
     for (int rep = 0; rep < 100; rep++) {
         const int R = 1 + test_rndi(70);
