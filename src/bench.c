@@ -195,26 +195,29 @@ static double median(double *v, int n) {
 }
 
 /* Medians over the repeats; the ratio to solo pairs each repeat's row with that repeat's
- * solo row (measured a minute apart, not an afternoon). */
+ * solo row (measured a minute apart, not an afternoon). The last column divides each
+ * row's rate by the probe run beside it first: the ratio at equal machine bandwidth,
+ * which a neighbour's burst during one row distorts less. */
 static void summary(const int *streams, int n_streams, int rows, int repeat, bool unify, double agg[17][100],
-                    double adj[17][100]) {
-    printf("\n| streams | path | median tok/s | min | max | median %% of adj. | median x solo |\n");
-    printf("|---:|---|---:|---:|---:|---:|---:|\n");
+                    double adj[17][100], double probe[17][100]) {
+    printf("\n| streams | path | median tok/s | min | max | median %% of adj. | median x solo | median x solo, per probe GB/s |\n");
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
     int solo = !unify && streams[0] == 1 ? 0 : -1;
     for (int i = 0; i < rows; i++) {
         bool u = i == n_streams;
         if (!u && unify && streams[i] == 1) continue;
-        double a[100], p[100], x[100];
+        double a[100], p[100], x[100], xn[100];
         for (int r = 0; r < repeat; r++) {
             a[r] = agg[i][r];
             p[r] = adj[i][r];
             x[r] = solo >= 0 ? agg[i][r] / agg[solo][r] : 0.0;
+            xn[r] = solo >= 0 ? (agg[i][r] / probe[i][r]) / (agg[solo][r] / probe[solo][r]) : 0.0;
         }
         double mn = a[0], mx = a[0];
         for (int r = 1; r < repeat; r++) mn = DT_MIN(mn, a[r]), mx = DT_MAX(mx, a[r]);
-        printf("| %d | %s | %.2f | %.2f | %.2f | %.0f%% | %.2f |\n", u ? 1 : streams[i],
+        printf("| %d | %s | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f |\n", u ? 1 : streams[i],
                u ? "unify (batched)" : (streams[i] == 1 ? "solo" : "batched"), median(a, repeat), mn, mx,
-               median(p, repeat), median(x, repeat));
+               median(p, repeat), median(x, repeat), median(xn, repeat));
     }
 }
 
@@ -336,7 +339,7 @@ int bench_cmd(int argc, char **argv) {
      * run right before and right after it (best of 4 each): "% of adj." uses the larger. */
     printf("| streams | path | step ms | aggregate tok/s | per-stream tok/s | weight MiB/step | KV MiB/step | GB/s | %% of bw | adj. probe GB/s | %% of adj. |\n");
     printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    double agg[17][100], adj[17][100]; /* [row][repeat] */
+    double agg[17][100], adj[17][100], prb[17][100]; /* [row][repeat] */
     static bench_row first[17];        /* the first repeat's rows, for the profile */
     int rows = 0;
     for (int rep = 0; rep < repeat; rep++) {
@@ -358,10 +361,11 @@ int bench_cmd(int argc, char **argv) {
             if (rep == 0) first[i] = r;
             agg[i][rep] = r.agg;
             adj[i][rep] = 100.0 * r.gbs / bwa;
+            prb[i][rep] = bwa;
             rows = i + 1;
         }
     }
-    if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj);
+    if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj, prb);
     if (profile) print_profile(first, rows);
     bench_probe_free(probe);
     engine_free(eu);
