@@ -1,0 +1,109 @@
+/* test_profile.c — the backend's per-stage profile (ditto bench --profile): off by
+ * default (all zero), on it accounts every weight byte of the step to the right stages,
+ * its stage times fit inside the forward calls' wall time, and profiling never changes
+ * a logit bit. */
+#include <string.h>
+
+#include "engine.h"
+#include "test.h"
+
+enum { STREAMS = 3, PROMPT = 5, STEPS = 4, MAXST = 32 };
+
+/* Prefill of STREAMS prompts in one batch, then STEPS decode steps of all streams.
+ * Returns the summed wall time of the forward calls; logits of every step in out. */
+static double run(engine *e, float *out) {
+    int32_t tok[STREAMS * PROMPT], pos[STREAMS * PROMPT], sl[STREAMS * PROMPT];
+    uint8_t want[STREAMS * PROMPT];
+    int V = e->m->hp.n_vocab, n = 0;
+    for (int s = 0; s < STREAMS; s++) {
+        int slot = kv_slot_acquire(e->kv);
+        for (int p = 0; p < PROMPT; p++, n++) {
+            tok[n] = 100 + 7 * s + p, pos[n] = p, sl[n] = slot, want[n] = p == PROMPT - 1;
+        }
+    }
+    ditto_err err;
+    double wall = 0;
+    double t0 = time_now();
+    engine_batch b = {n, tok, pos, sl, want};
+    CHECK(engine_forward(e, &b, &err) == STREAMS, "prefill: %s", err.msg);
+    wall += time_now() - t0;
+    for (int step = 0; step < STEPS; step++) {
+        int32_t dt[STREAMS], dp[STREAMS], ds[STREAMS];
+        uint8_t dw[STREAMS];
+        for (int s = 0; s < STREAMS; s++) {
+            dt[s] = (int32_t)((step * 31 + s * 17) % 1000), dp[s] = PROMPT + step, ds[s] = sl[s * PROMPT], dw[s] = 1;
+        }
+        engine_batch d = {STREAMS, dt, dp, ds, dw};
+        t0 = time_now();
+        CHECK(engine_forward(e, &d, &err) == STREAMS, "decode step %d: %s", step, err.msg);
+        wall += time_now() - t0;
+        memcpy(out + (size_t)step * STREAMS * V, e->logits, sizeof(float) * STREAMS * (size_t)V);
+    }
+    return wall;
+}
+
+int main(void) {
+    model *m;
+    ditto_err err;
+    if (model_load(&m, "models/tiny-qwen3moe-q4_k_m.gguf", &err)) {
+        CHECK(0, "load: %s", err.msg);
+        return test_summary();
+    }
+    const size_t nl = (size_t)STEPS * STREAMS * m->hp.n_vocab;
+    float *lg[2] = {xmalloc(sizeof(float) * nl), xmalloc(sizeof(float) * nl)};
+    for (int prof = 0; prof < 2; prof++) {
+        engine_opts o;
+        engine_opts_default(&o);
+        o.n_threads = 2;
+        o.max_streams = STREAMS;
+        o.ctx = 32;
+        o.max_rows = STREAMS * PROMPT;
+        o.profile = prof;
+        engine *e;
+        if (engine_create(&e, m, &o, &err)) {
+            CHECK(0, "engine: %s", err.msg);
+            break;
+        }
+        uint64_t w0, k0, w1, k1;
+        e->be->counters(e->be_state, &w0, &k0);
+        double wall = run(e, lg[prof]);
+        e->be->counters(e->be_state, &w1, &k1);
+        backend_stage st[MAXST];
+        int ns = e->be->profile(e->be_state, st, MAXST);
+        CHECK(ns >= 10 && ns <= MAXST, "%d stages", ns);
+        double sum_s = 0;
+        uint64_t sum_b = 0;
+        int named = 0, timed = 0;
+        for (int i = 0; i < ns; i++) {
+            named += st[i].name && st[i].name[0];
+            for (int j = 0; j < i; j++) CHECK(strcmp(st[i].name, st[j].name), "stage name %s twice", st[i].name);
+            CHECK(st[i].seconds >= 0, "%s: %g s", st[i].name, st[i].seconds);
+            timed += st[i].seconds > 0;
+            sum_s += st[i].seconds;
+            sum_b += st[i].weight_bytes;
+        }
+        CHECK(named == ns, "every stage named");
+        if (!prof) {
+            CHECK(sum_s == 0 && sum_b == 0 && timed == 0, "profile off: all zero (%g s, %llu bytes)", sum_s,
+                  (unsigned long long)sum_b);
+        } else {
+            CHECK(timed == ns, "profile on: %d of %d stages took time", timed, ns);
+            CHECK(sum_b == w1 - w0, "stage bytes %llu == weight bytes read %llu", (unsigned long long)sum_b,
+                  (unsigned long long)(w1 - w0));
+            CHECK(sum_s <= wall + 1e-6, "stage times %.6f s inside the forward calls' %.6f s", sum_s, wall);
+            /* weight bytes only where a stage reads weights: the gemm stages (and the first,
+             * which includes the token embeddings) */
+            for (int i = 0; i < ns; i++) {
+                bool gemm = strstr(st[i].name, "gemm") != NULL || strstr(st[i].name, "embed") != NULL;
+                CHECK(gemm == (st[i].weight_bytes > 0), "%s: %llu weight bytes", st[i].name,
+                      (unsigned long long)st[i].weight_bytes);
+            }
+        }
+        engine_free(e);
+    }
+    CHECK(memcmp(lg[0], lg[1], sizeof(float) * nl) == 0, "logits with and without the profile bitwise equal");
+    free(lg[0]);
+    free(lg[1]);
+    model_free(m);
+    return test_summary();
+}
