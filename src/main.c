@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "model.h"
 #include "quant.h"
+#include "sampler.h"
 #include "synth.h"
 #include "chat.h"
 #include "tokenizer.h"
@@ -102,13 +103,6 @@ static int cmd_info(int argc, char **argv) {
            (double)bpt / (1 << 20));
     model_free(m);
     return 0;
-}
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -221,7 +215,7 @@ static int cmd_run(int argc, char **argv) {
             }
             if (f) fclose(f);
         }
-        cur = argmax(e->logits, V);
+        cur = sampler_argmax(e->logits, V);
         if (tok) {
             if (tokenizer_is_eog(tok, cur)) break;
             size_t len;

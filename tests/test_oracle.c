@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "sampler.h"
 #include "test.h"
 
 #define N_GEN 32
@@ -23,13 +24,6 @@ static char *slurp(const char *path, size_t *len) {
     buf[got] = 0;
     if (len) *len = got;
     return buf;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* Greedy run of one prompt in slot 0: tokens, per-step logits hashes, first logits. */
@@ -54,7 +48,7 @@ static int run_greedy(engine *e, const int32_t *ids, int n, int n_gen, int chunk
     if (first) memcpy(first, e->logits, sizeof(float) * (size_t)V);
     for (int s = 0; s < n_gen; s++) {
         hashes[s] = engine_hash_floats(e->logits, (size_t)V);
-        out[s] = argmax(e->logits, V);
+        out[s] = sampler_argmax(e->logits, V);
         if (s + 1 == n_gen) break;
         tok[0] = out[s], pos[0] = n + s, sl[0] = slot, want[0] = 1;
         engine_batch b = {1, tok, pos, sl, want};
@@ -158,8 +152,8 @@ static void check_file(const char *quant) {
             rel = 0; /* accounted for above */
         }
         CHECK(rel < 0.02, "%s prompt %d: first-step logits rel L2 %.3g >= 2%%", quant, i, rel);
-        CHECK(argmax(first, V) == argmax(ref, V), "%s prompt %d: top-1 %d != oracle %d", quant, i, argmax(first, V),
-              argmax(ref, V));
+        CHECK(sampler_argmax(first, V) == sampler_argmax(ref, V), "%s prompt %d: top-1 %d != oracle %d", quant, i, sampler_argmax(first, V),
+              sampler_argmax(ref, V));
         int must = N_GEN, matched = 0;
         for (int s = 0; s < N_GEN; s++)
             if (cJSON_GetArrayItem(marg, s)->valuedouble < 0.1) {
@@ -169,7 +163,7 @@ static void check_file(const char *quant) {
         while (matched < N_GEN && out[matched] == cJSON_GetArrayItem(gids, matched)->valueint) matched++;
         CHECK(matched >= must - 1, "%s prompt %d: greedy tokens match %d steps, need %d", quant, i, matched, must - 1);
         printf("%-7s prompt %d: %2d tokens, first-step rel L2 %.3e%s, top-1 %s, greedy match %2d/%d (required %d)\n",
-               quant, i, n, rel_raw, rel_raw >= 0.02 ? " (knife edge, see above)" : "", argmax(first, V) == argmax(ref, V) ? "same" : "DIFF", matched, N_GEN, must - 1);
+               quant, i, n, rel_raw, rel_raw >= 0.02 ? " (knife edge, see above)" : "", sampler_argmax(first, V) == sampler_argmax(ref, V) ? "same" : "DIFF", matched, N_GEN, must - 1);
         i++;
     }
     CHECK(i == 4, "%s: expected 4 oracle prompts, got %d", quant, i);
