@@ -24,14 +24,25 @@
 
 static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
 
-/* s[h][j] = scale * (q_h . k_j) for NH heads, positions 0..n-1 (lane = position). */
-AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, int n, float scale, float *s, size_t ss) {
+/* s[h][j] = scale * (q_h . k_j) for NH heads, positions 0..n-1 (lane = position).
+ * The arena's K and V are usually cold (a whole model streamed through the caches since
+ * the last step), so while a position group is scored the K group two ahead and the V
+ * rows of this group are prefetched, one line per two dims (a group is hd/2 lines). */
+AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, const fp16_t *V, int n, float scale,
+                  float *s, size_t ss) {
     const __m512 vscale = _mm512_set1_ps(scale);
+    const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
     for (int j0 = 0; j0 < n; j0 += KV_POS_GROUP) {
-        const fp16_t *kg = K + (size_t)(j0 / KV_POS_GROUP) * hd * KV_POS_GROUP;
+        const fp16_t *kg = K + (size_t)(j0 / KV_POS_GROUP) * gs;
+        const char *kn = j0 + 2 * KV_POS_GROUP < n ? (const char *)(kg + 2 * gs) : NULL;
+        const char *vg = (const char *)(V + (size_t)j0 * hd);
         __m512 acc[HMAX];
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) acc[h] = _mm512_setzero_ps();
         for (int d = 0; d < hd; d++) {
+            if ((d & 1) == 0) {
+                if (kn) _mm_prefetch(kn + 32 * d, _MM_HINT_T0);
+                _mm_prefetch(vg + 32 * d, _MM_HINT_T0);
+            }
             const __m512 k = ld16h(kg + (size_t)d * KV_POS_GROUP);
             _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
                 acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * hd + d]), k, acc[h]);
@@ -42,16 +53,17 @@ AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, int n, 
     }
 }
 
-static void scores(const float *q, int nh, int hd, const fp16_t *K, int n, float scale, float *s, size_t ss) {
+static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
+                   size_t ss) {
     switch (nh) {
-    case 1: scores_nh(1, q, hd, K, n, scale, s, ss); break;
-    case 2: scores_nh(2, q, hd, K, n, scale, s, ss); break;
-    case 3: scores_nh(3, q, hd, K, n, scale, s, ss); break;
-    case 4: scores_nh(4, q, hd, K, n, scale, s, ss); break;
-    case 5: scores_nh(5, q, hd, K, n, scale, s, ss); break;
-    case 6: scores_nh(6, q, hd, K, n, scale, s, ss); break;
-    case 7: scores_nh(7, q, hd, K, n, scale, s, ss); break;
-    default: scores_nh(8, q, hd, K, n, scale, s, ss); break;
+    case 1: scores_nh(1, q, hd, K, V, n, scale, s, ss); break;
+    case 2: scores_nh(2, q, hd, K, V, n, scale, s, ss); break;
+    case 3: scores_nh(3, q, hd, K, V, n, scale, s, ss); break;
+    case 4: scores_nh(4, q, hd, K, V, n, scale, s, ss); break;
+    case 5: scores_nh(5, q, hd, K, V, n, scale, s, ss); break;
+    case 6: scores_nh(6, q, hd, K, V, n, scale, s, ss); break;
+    case 7: scores_nh(7, q, hd, K, V, n, scale, s, ss); break;
+    default: scores_nh(8, q, hd, K, V, n, scale, s, ss); break;
     }
 }
 
@@ -129,7 +141,10 @@ void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V,
     for (int h0 = 0; h0 < ng; h0 += HMAX) {
         const int nh = DT_MIN(HMAX, ng - h0);
         float *s = scratch, *O = out + (size_t)h0 * hd;
-        scores(q + (size_t)h0 * hd, nh, hd, K, n, scale, s, ss);
+        if (h0 == 0) /* the first two K groups; scores_nh prefetches the rest as it goes */
+            for (size_t o = 0; o < (size_t)DT_MIN(n, 2 * KV_POS_GROUP) * hd * sizeof(fp16_t); o += 64)
+                _mm_prefetch((const char *)K + o, _MM_HINT_T0);
+        scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
         float M[HMAX], L[HMAX], m[HMAX], w[HMAX];
         for (int h = 0; h < nh; h++) {
             M[h] = -INFINITY;
