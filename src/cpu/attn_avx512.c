@@ -141,8 +141,9 @@ void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V,
     for (int h0 = 0; h0 < ng; h0 += HMAX) {
         const int nh = DT_MIN(HMAX, ng - h0);
         float *s = scratch, *O = out + (size_t)h0 * hd;
-        if (h0 == 0) /* the first two K groups; scores_nh prefetches the rest as it goes */
-            for (size_t o = 0; o < (size_t)DT_MIN(n, 2 * KV_POS_GROUP) * hd * sizeof(fp16_t); o += 64)
+        if (h0 == 0) /* the first two K groups (whole: positions interleave within one); scores_nh prefetches the rest */
+            for (size_t o = 0; o < (size_t)DT_MIN((n + KV_POS_GROUP - 1) / KV_POS_GROUP, 2) * KV_POS_GROUP * hd * sizeof(fp16_t);
+                 o += 64)
                 _mm_prefetch((const char *)K + o, _MM_HINT_T0);
         scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
         float M[HMAX], L[HMAX], m[HMAX], w[HMAX];

@@ -40,4 +40,10 @@ quant_gemm_fn quant_gemm_avx512(uint32_t type); /* NULL where the level has no k
 void quant_act_row_avx2(enum quant_act act, const float *x, void *dst, int64_t k);
 void quant_act_row_avx512(enum quant_act act, const float *x, void *dst, int64_t k);
 
+/* For the row-major SIMD kernels: pointers to the rg rows of a group starting at row g,
+ * of which nr are real; rows past nr repeat the last one (their results are not stored). */
+static inline void cpu_quant_group_rows(const void *w, size_t row_bytes, int g, int nr, int rg, const uint8_t **rp) {
+    for (int i = 0; i < rg; i++) rp[i] = (const uint8_t *)w + (size_t)(g + (i < nr ? i : nr - 1)) * row_bytes;
+}
+
 #endif

@@ -92,11 +92,6 @@ static inline void store_rows(float *o, int nr, __m256 v) {
     }
 }
 
-/* Row pointers of a group of RG rows starting at g; rows past nr repeat the last one. */
-static inline void group_rows(const void *w, size_t row_bytes, int g, int nr, const uint8_t **rp) {
-    for (int i = 0; i < RG; i++) rp[i] = (const uint8_t *)w + (size_t)(g + (i < nr ? i : nr - 1)) * row_bytes;
-}
-
 /* ---- legacy 32-blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 ------------------------------------
  * One block per ymm in element order. Q4/Q5: u8 weights (q <= 31) x s8 activations,
  * |pair| <= 2*31*127 < 2^15; offsets q-8 / q-16 corrected with the block sum s.
@@ -142,7 +137,7 @@ AI void gemm_legacy(const int type, GEMM_ARGS) {
         for (int g = r0; g < r1; g += RG) {
             const int nr = DT_MIN(RG, r1 - g);
             const uint8_t *rp[RG];
-            group_rows(w, row_bytes, g, nr, rp);
+            cpu_quant_group_rows(w, row_bytes, g, nr, RG, rp);
             const __m256i vidx = row_index(rp);
             for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
             for (int b = 0; b < nb; b++) {
@@ -264,7 +259,7 @@ AI void gemm_kq(const int type, GEMM_ARGS) {
         for (int g = r0; g < r1; g += RG) {
             const int nr = DT_MIN(RG, r1 - g);
             const uint8_t *rp[RG];
-            group_rows(w, row_bytes, g, nr, rp);
+            cpu_quant_group_rows(w, row_bytes, g, nr, RG, rp);
             const __m256i vidx = row_index(rp);
             for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
             for (int b = 0; b < nb; b++) {

@@ -73,11 +73,6 @@ AI __m512 chain_neg(__m512 acc, __m512 dm, float da, __m512i M) {
     return _mm512_fmadd_ps(p, _mm512_cvtepi32_ps(M), acc);
 }
 
-/* Row pointers of a group of RG rows starting at g; rows past nr repeat the last one. */
-static inline void group_rows(const void *w, size_t row_bytes, int g, int nr, const uint8_t **rp) {
-    for (int i = 0; i < RG; i++) rp[i] = (const uint8_t *)w + (size_t)(g + (i < nr ? i : nr - 1)) * row_bytes;
-}
-
 static inline __mmask16 row_mask(int nr) { return (__mmask16)((1u << nr) - 1u); }
 
 #define PF_LEG 512 /* prefetch distance per row, bytes */
@@ -148,7 +143,7 @@ AI void gemm_legacy(const int type, GEMM_ARGS) {
         for (int g = r0; g < r1; g += RG) {
             const int nr = DT_MIN(RG, r1 - g);
             const uint8_t *rp[RG];
-            group_rows(w, row_bytes, g, nr, rp);
+            cpu_quant_group_rows(w, row_bytes, g, nr, RG, rp);
             const __m512i vidx = row_index(rp);
             for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
             for (int b = 0; b < nb; b += 2) {
@@ -298,7 +293,7 @@ AI void gemm_kq(const int type, GEMM_ARGS) {
         for (int g = r0; g < r1; g += RG) {
             const int nr = DT_MIN(RG, r1 - g);
             const uint8_t *rp[RG];
-            group_rows(w, row_bytes, g, nr, rp);
+            cpu_quant_group_rows(w, row_bytes, g, nr, RG, rp);
             const __m512i vidx = row_index(rp);
             for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
             for (int b = 0; b < nb; b++) {
