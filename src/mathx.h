@@ -39,6 +39,14 @@ static inline float mathx_exp(float x) {
 
 static inline float mathx_silu(float x) { return x / (1.0f + mathx_exp(-x)); }
 
+/* The contract's maximum: m = -inf; m = s[j] > m ? s[j] : m for j ascending (NaN is never
+ * taken; a zero maximum keeps the sign of the first zero). */
+static inline float mathx_scan_max(const float *s, int n) {
+    float m = -INFINITY;
+    for (int j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
+    return m;
+}
+
 /* Fixed butterfly over 32 lanes: +16, +8, +4, +2, +1. */
 static inline float mathx_butterfly32(float *lane) {
     for (int s = 16; s >= 1; s >>= 1)

@@ -105,6 +105,29 @@ int main(void) {
         }
         free(x), free(w), free(y1), free(y2);
     }
+    /* the scan maximum on 16 lanes == mathx_scan_max: ties, signed zeros (a zero maximum
+     * keeps the first zero's sign), NaN (never taken) and infinities, lengths 1..100 */
+    {
+        float v[100];
+        int bad = 0;
+        for (int rep = 0; rep < 3000; rep++) {
+            int n = 1 + rep % 100, c = rep % 5;
+            for (int e = 0; e < n; e++) {
+                float r = frand();
+                v[e] = c == 0 ? r : c == 1 ? (float)(int)(r * 3.0f) : c == 2 ? (r < 0 ? -0.0f : 0.0f) - (r < -0.5f)
+                     : c == 3 ? (r < -0.8f ? NAN : r < -0.6f ? -INFINITY : r) : (r < 0 ? -0.0f : 0.0f);
+            }
+            if (rep % 7 == 0) v[(rep / 7) % n] = NAN;
+            float a1 = mathx_scan_max(v, n), a2 = vec_scan_max_avx512(v, n);
+            if (memcmp(&a1, &a2, 4) && bad++ < 5) fprintf(stderr, "scan max n %d rep %d: %g vs %g\n", n, rep, a1, a2);
+        }
+        CHECK(bad == 0, "%d scan maxima differ from mathx_scan_max", bad);
+        v[0] = -0.0f, v[1] = 0.0f, v[2] = -1.0f;
+        float z = vec_scan_max_avx512(v, 3);
+        CHECK(z == 0.0f && signbit(z), "a zero maximum keeps the first zero's sign");
+        v[0] = NAN, v[1] = NAN;
+        CHECK(vec_scan_max_avx512(v, 2) == -INFINITY, "all NaN: -inf, as the scan");
+    }
     /* top-k routing: the one-pass form equals the definition, with many ties, signed
      * zeros and k up to n */
     {

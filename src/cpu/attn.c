@@ -21,14 +21,12 @@ void attn_head_generic(const float *q, const fp16_t *K, const fp16_t *V, int pos
         s[j] = acc * scale;
     }
     int nc = (n + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    float M = -INFINITY;
-    for (int j = 0; j < n; j++) M = s[j] > M ? s[j] : M;
+    float M = mathx_scan_max(s, n);
     float L = 0.0f;
     for (int d = 0; d < hd; d++) O[d] = 0.0f;
     for (int c = 0; c < nc; c++) {
         int j0 = c * ATTN_CHUNK, j1 = n < j0 + ATTN_CHUNK ? n : j0 + ATTN_CHUNK;
-        float m = -INFINITY;
-        for (int j = j0; j < j1; j++) m = s[j] > m ? s[j] : m;
+        float m = mathx_scan_max(s + j0, j1 - j0);
         for (int j = j0; j < j1; j++) s[j] = mathx_exp(s[j] - m);
         float l = mathx_sum32(s + j0, j1 - j0);
         for (int d = 0; d < hd; d++) oc[d] = 0.0f;

@@ -148,8 +148,7 @@ void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V,
         scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
         float M[HMAX], L[HMAX], m[HMAX], w[HMAX];
         for (int h = 0; h < nh; h++) {
-            M[h] = -INFINITY;
-            for (int j = 0; j < n; j++) M[h] = s[h * ss + j] > M[h] ? s[h * ss + j] : M[h];
+            M[h] = scan_max16(s + h * ss, n);
             L[h] = 0.0f;
         }
         for (size_t i = 0; i < (size_t)nh * hd; i++) O[i] = 0.0f;
@@ -157,8 +156,7 @@ void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V,
             const int j1 = DT_MIN(n, j0 + ATTN_CHUNK);
             for (int h = 0; h < nh; h++) {
                 float *sh = s + h * ss;
-                m[h] = -INFINITY;
-                for (int j = j0; j < j1; j++) m[h] = sh[j] > m[h] ? sh[j] : m[h];
+                m[h] = scan_max16(sh + j0, j1 - j0);
                 const float l = chunk_exp(sh + j0, j1 - j0, m[h]);
                 w[h] = mathx_exp(m[h] - M[h]);
                 L[h] = fmaf(w[h], l, L[h]);

@@ -38,12 +38,33 @@ static inline __mmask16 mask16_first(int rem) {
     return rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
 }
 
-/* mathx_butterfly32 of the 32 lanes held as lanes 0..15 in A, 16..31 in B. */
+/* mathx_butterfly32 of the 32 lanes held as lanes 0..15 in A, 16..31 in B: each level's
+ * lane[i] = lane[i] + lane[i+s] as one vector add, operands in the scalar order. */
 static inline float butterfly32_zmm(__m512 A, __m512 B) {
-    float lane[32];
-    _mm512_storeu_ps(lane, A);
-    _mm512_storeu_ps(lane + 16, B);
-    return mathx_butterfly32(lane);
+    const __m512 s16 = _mm512_add_ps(A, B);
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s16), _mm512_extractf32x8_ps(s16, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+/* The scan m = -inf; for j: m = s[j] > m ? s[j] : m, on 16 lanes: _mm512_max_ps(x, m) is
+ * (x > m ? x : m) per lane, so NaN is never taken, and the lanes' maximum is the scan's value.
+ * Only its sign can differ when that value is zero (no zero is > another, so the scan keeps
+ * the first zero it meets): then the first zero is returned. */
+static inline float scan_max16(const float *s, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + j), m);
+    if (j < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+        m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, s + j), m);
+    }
+    const float r = _mm512_reduce_max_ps(m);
+    if (r == 0.0f)
+        for (j = 0; j < n; j++)
+            if (s[j] == 0.0f) return s[j];
+    return r;
 }
 
 #endif

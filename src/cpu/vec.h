@@ -38,4 +38,7 @@ void vec_rmsnorm_generic(float *y, const float *x, const float *w, int n, float 
 void vec_rmsnorm_avx512(float *y, const float *x, const float *w, int n, float eps);
 vec_rmsnorm_fn vec_rmsnorm_select(int cpu_level);
 
+/* mathx_scan_max on 16 lanes (the attention kernel's inline form, exported for its test) */
+float vec_scan_max_avx512(const float *s, int n);
+
 #endif

@@ -36,3 +36,5 @@ void vec_rmsnorm_avx512(float *y, const float *x, const float *w, int n, float e
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
     }
 }
+
+float vec_scan_max_avx512(const float *s, int n) { return scan_max16(s, n); }
