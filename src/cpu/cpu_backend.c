@@ -291,33 +291,34 @@ static void rope(float *v, const float *cs, const float *sn, int half) {
     }
 }
 
-/* Q/K norm + RoPE; K and V stored to the arena as fp16. Items: rows. */
+/* Q/K norm + RoPE; K and V stored to the arena as fp16. Items: (row, KV head) pairs, each
+ * with the query heads that share the KV head. */
 static void qk_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
     const model_hparams *hp = &st->m->hp;
     const model_layer *L = &st->m->layers[c->layer];
-    int hd = hp->head_dim, half = hd / 2, H = hp->n_head * hd, HKV = hp->n_head_kv * hd, r0, r1;
-    pool_split(c->b->n, 1, ith, nth, &r0, &r1);
-    for (int r = r0; r < r1; r++) {
+    int hd = hp->head_dim, half = hd / 2, H = hp->n_head * hd, HKV = hp->n_head_kv * hd, i0, i1;
+    int group = hp->n_head / hp->n_head_kv;
+    pool_split(c->b->n * hp->n_head_kv, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        int r = i / hp->n_head_kv, h = i % hp->n_head_kv;
         int pos = c->b->pos[r], slot = c->b->slot[r];
         const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
-        for (int h = 0; h < hp->n_head; h++) {
-            float *qh = st->q + (size_t)r * H + (size_t)h * hd;
+        for (int g = h * group; g < (h + 1) * group; g++) {
+            float *qh = st->q + (size_t)r * H + (size_t)g * hd;
             st->rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
             rope(qh, cs, sn, half);
         }
-        for (int h = 0; h < hp->n_head_kv; h++) {
-            float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
-            const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
-            st->rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
-            rope(kh, cs, sn, half);
-            fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
-            fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
-            for (int d = 0; d < hd; d++) {
-                kd[kv_k_index(pos, d, hd)] = f2h(kh[d]);
-                vd[d] = f2h(vh[d]);
-            }
+        float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
+        const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
+        st->rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
+        rope(kh, cs, sn, half);
+        fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
+        fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
+        for (int d = 0; d < hd; d++) {
+            kd[kv_k_index(pos, d, hd)] = f2h(kh[d]);
+            vd[d] = f2h(vh[d]);
         }
     }
 }
@@ -569,7 +570,8 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         jobs_run(st);
         prof_mark(st, CS_QKV);
-        run_items(st, qk_task, &c, n, (long)n * (H + HKV));
+        /* work x4: the K/V stores go to arena lines that are cold at every step */
+        run_items(st, qk_task, &c, (long)n * hp->n_head_kv, 4L * n * (H + HKV));
         prof_mark(st, CS_QK_ROPE);
         run_items(st, attn_task, &c, (long)n * hp->n_head_kv, attn_work(b, H));
         prof_mark(st, CS_ATTN);
