@@ -407,18 +407,16 @@ static void combine_task(void *ctx, int ith, int nth) {
     const model_hparams *hp = &st->m->hp;
     int E = hp->n_embd, r0, r1;
     pool_split(c->b->n, 1, ith, nth, &r0, &r1);
+    const int K = hp->n_expert_used;
+    const float *y[K > 0 ? K : 1];
     for (int r = r0; r < r1; r++) {
-        float *x = st->x + (size_t)r * E, *acc = st->tmp + (size_t)r * E;
+        float *x = st->x + (size_t)r * E;
         if (hp->arch != MODEL_ARCH_QWEN3MOE) {
             vec_add(x, st->y + (size_t)r * E, E);
             continue;
         }
-        memset(acc, 0, sizeof(float) * (size_t)E);
-        for (int i = 0; i < hp->n_expert_used; i++) {
-            const float *y = st->y + (size_t)st->pair_of[r * hp->n_expert_used + i] * E;
-            vec_fma_acc(acc, st->selw[r * hp->n_expert_used + i], y, E);
-        }
-        vec_add(x, acc, E);
+        for (int i = 0; i < K; i++) y[i] = st->y + (size_t)st->pair_of[r * K + i] * E;
+        vec_combine(x, y, st->selw + (size_t)r * K, K, E);
     }
 }
 

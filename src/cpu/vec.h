@@ -15,13 +15,34 @@ static inline void vec_add(float *x, const float *t, int n) {
     for (; i < n; i++) x[i] = x[i] + t[i];
 }
 
-/* acc[i] = fma(w, y[i], acc[i]) */
-static inline void vec_fma_acc(float *acc, float w, const float *y, int n) {
-    const __m256 vw = _mm256_set1_ps(w);
+/* The MoE combine in one pass: x[i] = x[i] + a_i, a_i = +0 then fma(w[r], y[r][i], a_i) for
+ * r = 0..k-1 ascending (the accumulation stays in registers; each element gets the scalar
+ * loop's operations). Each y row is prefetched a KiB ahead: the rows were just written by
+ * the down projection, on either thread, and sit in some cache level. */
+static inline void vec_combine(float *x, const float *const *y, const float *w, int k, int n) {
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(y + i), _mm256_loadu_ps(acc + i)));
-    for (; i < n; i++) acc[i] = fmaf(w, y[i], acc[i]);
+    for (; i + 32 <= n; i += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int r = 0; r < k; r++) {
+            const __m256 vw = _mm256_set1_ps(w[r]);
+            const float *p = y[r] + i;
+            _mm_prefetch((const char *)(p + 256), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 272), _MM_HINT_T0);
+            a0 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(p), a0);
+            a1 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(p + 8), a1);
+            a2 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(p + 16), a2);
+            a3 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(p + 24), a3);
+        }
+        _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), a0));
+        _mm256_storeu_ps(x + i + 8, _mm256_add_ps(_mm256_loadu_ps(x + i + 8), a1));
+        _mm256_storeu_ps(x + i + 16, _mm256_add_ps(_mm256_loadu_ps(x + i + 16), a2));
+        _mm256_storeu_ps(x + i + 24, _mm256_add_ps(_mm256_loadu_ps(x + i + 24), a3));
+    }
+    for (; i < n; i++) {
+        float a = 0.0f;
+        for (int r = 0; r < k; r++) a = fmaf(w[r], y[r][i], a);
+        x[i] = x[i] + a;
+    }
 }
 
 typedef void (*vec_swiglu_fn)(const float *g, const float *u, float *h, int n);
