@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cpu/cpu_quant.h"
+#include "cpu/exp_avx512.h"
 
 #define AI static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -386,15 +387,6 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
     if (type == QT_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-/* lane[i] += lane[i+s] for s = 16, 8, 4, 2, 1 (lane[i] the first operand). */
-AI float butterfly32(__m512 a0, __m512 a1) {
-    const __m512 s16 = _mm512_add_ps(a0, a1);
-    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s16), _mm512_extractf32x8_ps(s16, 1));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-    return _mm_cvtss_f32(s1);
-}
 
 AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *const *x, int k,
                float *const *o) {
@@ -422,7 +414,7 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
             A1[t] = _mm512_mask3_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x[t] + e + 16), A1[t], m1);
         }
     }
-    UNROLL for (int t = 0; t < NT; t++) *o[t] = butterfly32(A0[t], A1[t]);
+    UNROLL for (int t = 0; t < NT; t++) *o[t] = butterfly32_zmm(A0[t], A1[t]);
 }
 
 AI void gemm_fl(const int type, GEMM_ARGS) {
