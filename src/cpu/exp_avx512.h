@@ -57,7 +57,7 @@ static inline float scan_max16(const float *s, int n) {
     int j = 0;
     for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + j), m);
     if (j < n) {
-        const __mmask16 k = (__mmask16)((1u << (n - j)) - 1u);
+        const __mmask16 k = mask16_first(n - j);
         m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, s + j), m);
     }
     const float r = _mm512_reduce_max_ps(m);

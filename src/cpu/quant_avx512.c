@@ -406,8 +406,7 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
     }
     if (e < k) {
         const int rem = k - e;
-        const __mmask16 m0 = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1u);
-        const __mmask16 m1 = rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1u) : (__mmask16)0;
+        const __mmask16 m0 = mask16_first(rem), m1 = rem > 16 ? mask16_first(rem - 16) : (__mmask16)0;
         const __m512 w0 = fl_load_mask(type, wr, e, m0), w1 = fl_load_mask(type, wr, e + 16, m1);
         UNROLL for (int t = 0; t < NT; t++) {
             A0[t] = _mm512_mask3_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x[t] + e), A0[t], m0);
