@@ -10,10 +10,11 @@ int bench_cmd(int argc, char **argv);
 
 /* A read-bandwidth probe: a buffer of `bytes` (on huge pages where available, touched once)
  * and n_threads threads. bench_probe_run returns GB/s: wide vector loads over the buffer as
- * 1, 2, 4 and 8 interleaved streams per thread, best of `reps` each. NULL / 0 if out of memory. */
+ * 1, 2, 4 and 8 interleaved streams per thread, best of `reps` each, and the best of all four;
+ * by_streams (may be NULL) gets each pattern's best. NULL / 0 if out of memory. */
 typedef struct bench_probe bench_probe;
 bench_probe *bench_probe_create(int n_threads, size_t bytes);
-double bench_probe_run(bench_probe *p, int reps);
+double bench_probe_run(bench_probe *p, int reps, double by_streams[4]);
 void bench_probe_free(bench_probe *p);
 
 #endif

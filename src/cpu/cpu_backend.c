@@ -45,6 +45,15 @@ typedef struct gemm_job {
     size_t unit_stride; /* weight bytes from one GEMM_UNIT of rows to the next */
 } gemm_job;
 
+/* A thread's segment of a stage's units: the unclaimed [front, back) packed as
+ * front | back << 32 (one CAS claims from either end), `end` its initial back;
+ * one cache line each. */
+typedef struct job_seg {
+    _Atomic uint64_t fb;
+    int end;
+    char pad[64 - sizeof(uint64_t) - sizeof(int)];
+} job_seg;
+
 /* Activations of one input width in every format a weight may ask for. */
 typedef struct act_set {
     int width;
@@ -85,7 +94,7 @@ typedef struct cpu_state {
     gemm_job jobs[MAX_JOBS];
     int n_jobs;
     int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
-    _Atomic int job_next;                   /* next unclaimed unit */
+    job_seg *seg;                           /* [nth] each thread's segment of the units */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
     bool profile;
     double prof_t0;                        /* end of the last profiled stage */
@@ -165,16 +174,36 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
 }
 
-/* Claims the next run of units [*u0, *u1); false when none remain. */
-static bool jobs_claim(cpu_state *st, int nth, int *u0, int *u1) {
-    int total = st->job_unit0[st->n_jobs], cur = atomic_load_explicit(&st->job_next, memory_order_relaxed), take;
+/* Claims a run [*u0, *u1) from segment sg: from the front, half of what is left (at least
+ * one unit), or, stealing, the back half. False when the segment is empty. */
+static bool seg_take(job_seg *sg, bool back, int *u0, int *u1) {
+    uint64_t v = atomic_load_explicit(&sg->fb, memory_order_relaxed), nv;
+    int f, b, take;
     do {
-        if (cur >= total) return false;
-        take = DT_MAX(1, (total - cur) / (2 * nth));
-    } while (!atomic_compare_exchange_weak_explicit(&st->job_next, &cur, cur + take, memory_order_relaxed,
-                                                    memory_order_relaxed));
-    *u0 = cur, *u1 = cur + take;
+        f = (int)(uint32_t)v, b = (int)(v >> 32);
+        if (f >= b) return false;
+        take = DT_MAX(1, (b - f) / 2);
+        nv = back ? (uint64_t)(uint32_t)f | (uint64_t)(b - take) << 32 : (uint64_t)(uint32_t)(f + take) | (uint64_t)b << 32;
+    } while (!atomic_compare_exchange_weak_explicit(&sg->fb, &v, nv, memory_order_relaxed, memory_order_relaxed));
+    *u0 = back ? b - take : f, *u1 = back ? b : f + take;
     return true;
+}
+
+/* Claims the next run of units for thread ith: from the front of its own segment, else the
+ * back of the segment with the most left. *own: the run came from the own front. False when
+ * no units remain. */
+static bool jobs_claim(cpu_state *st, int ith, int *u0, int *u1, bool *own) {
+    if ((*own = seg_take(&st->seg[ith], false, u0, u1))) return true;
+    for (;;) {
+        int best = -1, most = 0;
+        for (int i = 0; i < st->nth; i++) {
+            uint64_t v = atomic_load_explicit(&st->seg[i].fb, memory_order_relaxed);
+            int left = (int)(v >> 32) - (int)(uint32_t)v;
+            if (left > most) best = i, most = left;
+        }
+        if (best < 0) return false;
+        if (seg_take(&st->seg[best], true, u0, u1)) return true;
+    }
 }
 
 /* The job holding unit u (hint: a nearby job index). */
@@ -193,34 +222,34 @@ static void job_prefetch(const cpu_state *st, int u, int ji) {
     for (int o = 0; o < JOB_PF_BYTES; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
-/* Every 16-row unit of every queued job, handed out dynamically: a thread claims
- * the next run of units (guided: a share of what is left, never under one unit)
- * until none remain, so a thread slowed by the memory system or descheduled by
- * the host does not leave the others waiting at the barrier. Each run is cut at
- * job boundaries into kernel calls; before each call the start of the next one
- * (the next job, or the next claimed run) is prefetched. Which thread computes a
- * row never affects its bits. */
+/* Every 16-row unit of every queued job, handed out dynamically: each thread starts on
+ * its own contiguous segment of the units and claims from its front, half of what is left
+ * at a time; a thread whose segment is empty takes the back half of what is left in the
+ * fullest segment. So the threads' weight streams lie a segment apart (streams close to
+ * each other read slower), a thread slowed by the memory system or descheduled by the
+ * host does not leave the others waiting at the barrier, and no run is claimed before it
+ * is needed (the end of a stage is balanced to the last claim). Each run is cut at job
+ * boundaries into kernel calls; before each call the start of what most likely follows
+ * (the next job in the run, or the units after an own-segment run) is prefetched. Which
+ * thread computes a row never affects its bits. */
 static void jobs_task(void *ctx, int ith, int nth) {
     cpu_state *st = ctx;
-    (void)ith;
-    int a, b, ji;
-    if (!jobs_claim(st, nth, &a, &b)) return;
-    job_prefetch(st, a, ji = job_of(st, a, 0));
-    for (bool more = true; more;) {
-        int na = 0, nb = 0;
+    (void)nth;
+    int a, b, ji = 0;
+    bool own, first = true;
+    const int end = st->seg[ith].end;
+    while (jobs_claim(st, ith, &a, &b, &own)) {
+        if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji));
+        first = false;
         for (int u = a; u < b;) {
             ji = job_of(st, u, ji);
             const gemm_job *j = &st->jobs[ji];
             int e = DT_MIN(b, st->job_unit0[ji + 1]);
-            if (e < b)
-                job_prefetch(st, e, ji + 1);
-            else if ((more = jobs_claim(st, nth, &na, &nb)))
-                job_prefetch(st, na, job_of(st, na, ji));
+            if (e < b || (own && e < end)) job_prefetch(st, e, job_of(st, e, ji));
             int r0 = (u - st->job_unit0[ji]) * GEMM_UNIT, r1 = DT_MIN((e - st->job_unit0[ji]) * GEMM_UNIT, j->rows);
             j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
             u = e;
         }
-        a = na, b = nb;
     }
 }
 
@@ -229,11 +258,16 @@ static void jobs_run(cpu_state *st) {
     st->job_unit0[0] = 0;
     for (int i = 0; i < st->n_jobs; i++)
         st->job_unit0[i + 1] = st->job_unit0[i] + (st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT;
-    atomic_store_explicit(&st->job_next, 0, memory_order_relaxed);
+    const int total = st->job_unit0[st->n_jobs];
+    for (int i = 0; i < st->nth; i++) {
+        const int f = (int)((long)total * i / st->nth), b = (int)((long)total * (i + 1) / st->nth);
+        st->seg[i].end = b;
+        atomic_store_explicit(&st->seg[i].fb, (uint64_t)(uint32_t)f | (uint64_t)b << 32, memory_order_relaxed);
+    }
     if (st->nth == 1)
         jobs_task(st, 0, 1);
     else
-        pool_run(st->pool, jobs_task, st); /* pool_run publishes job_next / job_unit0 (release) */
+        pool_run(st->pool, jobs_task, st); /* pool_run publishes seg / job_unit0 (release) */
     st->n_jobs = 0;
 }
 
@@ -688,6 +722,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->swiglu = vec_swiglu_select(st->level);
     st->rmsnorm = vec_rmsnorm_select(st->level);
     st->pool = pool_create(st->nth);
+    st->seg = aligned_alloc(64, sizeof(job_seg) * (size_t)st->nth);
+    DT_ASSERT(st->seg);
     st->prep = cpu_prepared_get(m, st->pool);
     *state = st;
     return 0;
@@ -712,6 +748,7 @@ static void cpu_destroy(void *state) {
     cpu_state *st = state;
     if (!st) return;
     pool_free(st->pool);
+    free(st->seg);
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
