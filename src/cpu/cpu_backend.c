@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "cpu/attn.h"
+#include "cpu/claim.h"
 #include "cpu/cpu_quant.h"
 #include "cpu/prepared.h"
 #include "cpu/vec.h"
@@ -44,15 +45,6 @@ typedef struct gemm_job {
     size_t out_stride;
     size_t unit_stride; /* weight bytes from one GEMM_UNIT of rows to the next */
 } gemm_job;
-
-/* A thread's segment of a stage's units: the unclaimed [front, back) packed as
- * front | back << 32 (one CAS claims from either end), `end` its initial back;
- * one cache line each. */
-typedef struct job_seg {
-    _Atomic uint64_t fb;
-    int end;
-    char pad[64 - sizeof(uint64_t) - sizeof(int)];
-} job_seg;
 
 /* Activations of one input width in every format a weight may ask for. */
 typedef struct act_set {
@@ -94,7 +86,7 @@ typedef struct cpu_state {
     gemm_job jobs[MAX_JOBS];
     int n_jobs;
     int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
-    job_seg *seg;                           /* [nth] each thread's segment of the units */
+    claim_set claim;                        /* the units of the running jobs, over the threads */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
     bool profile;
     double prof_t0;                        /* end of the last profiled stage */
@@ -174,38 +166,6 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
 }
 
-/* Claims a run [*u0, *u1) from segment sg: from the front, half of what is left (at least
- * one unit), or, stealing, the back half. False when the segment is empty. */
-static bool seg_take(job_seg *sg, bool back, int *u0, int *u1) {
-    uint64_t v = atomic_load_explicit(&sg->fb, memory_order_relaxed), nv;
-    int f, b, take;
-    do {
-        f = (int)(uint32_t)v, b = (int)(v >> 32);
-        if (f >= b) return false;
-        take = DT_MAX(1, (b - f) / 2);
-        nv = back ? (uint64_t)(uint32_t)f | (uint64_t)(b - take) << 32 : (uint64_t)(uint32_t)(f + take) | (uint64_t)b << 32;
-    } while (!atomic_compare_exchange_weak_explicit(&sg->fb, &v, nv, memory_order_relaxed, memory_order_relaxed));
-    *u0 = back ? b - take : f, *u1 = back ? b : f + take;
-    return true;
-}
-
-/* Claims the next run of units for thread ith: from the front of its own segment, else the
- * back of the segment with the most left. *own: the run came from the own front. False when
- * no units remain. */
-static bool jobs_claim(cpu_state *st, int ith, int *u0, int *u1, bool *own) {
-    if ((*own = seg_take(&st->seg[ith], false, u0, u1))) return true;
-    for (;;) {
-        int best = -1, most = 0;
-        for (int i = 0; i < st->nth; i++) {
-            uint64_t v = atomic_load_explicit(&st->seg[i].fb, memory_order_relaxed);
-            int left = (int)(v >> 32) - (int)(uint32_t)v;
-            if (left > most) best = i, most = left;
-        }
-        if (best < 0) return false;
-        if (seg_take(&st->seg[best], true, u0, u1)) return true;
-    }
-}
-
 /* The job holding unit u (hint: a nearby job index). */
 static int job_of(const cpu_state *st, int u, int hint) {
     while (st->job_unit0[hint + 1] <= u) hint++;
@@ -222,23 +182,18 @@ static void job_prefetch(const cpu_state *st, int u, int ji) {
     for (int o = 0; o < JOB_PF_BYTES; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
-/* Every 16-row unit of every queued job, handed out dynamically: each thread starts on
- * its own contiguous segment of the units and claims from its front, half of what is left
- * at a time; a thread whose segment is empty takes the back half of what is left in the
- * fullest segment. So the threads' weight streams lie a segment apart (streams close to
- * each other read slower), a thread slowed by the memory system or descheduled by the
- * host does not leave the others waiting at the barrier, and no run is claimed before it
- * is needed (the end of a stage is balanced to the last claim). Each run is cut at job
- * boundaries into kernel calls; before each call the start of what most likely follows
- * (the next job in the run, or the units after an own-segment run) is prefetched. Which
- * thread computes a row never affects its bits. */
+/* Every 16-row unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
+ * its own segment of the units, then stealing). Each run is cut at job boundaries into
+ * kernel calls; before each call the start of what most likely follows (the next job in the
+ * run, or the units after an own-segment run) is prefetched. Which thread computes a row
+ * never affects its bits. */
 static void jobs_task(void *ctx, int ith, int nth) {
     cpu_state *st = ctx;
     (void)nth;
     int a, b, ji = 0;
     bool own, first = true;
-    const int end = st->seg[ith].end;
-    while (jobs_claim(st, ith, &a, &b, &own)) {
+    const int end = claim_seg_end(&st->claim, ith);
+    while (claim_next(&st->claim, ith, &a, &b, &own)) {
         if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji));
         first = false;
         for (int u = a; u < b;) {
@@ -258,12 +213,7 @@ static void jobs_run(cpu_state *st) {
     st->job_unit0[0] = 0;
     for (int i = 0; i < st->n_jobs; i++)
         st->job_unit0[i + 1] = st->job_unit0[i] + (st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT;
-    const int total = st->job_unit0[st->n_jobs];
-    for (int i = 0; i < st->nth; i++) {
-        const int f = (int)((long)total * i / st->nth), b = (int)((long)total * (i + 1) / st->nth);
-        st->seg[i].end = b;
-        atomic_store_explicit(&st->seg[i].fb, (uint64_t)(uint32_t)f | (uint64_t)b << 32, memory_order_relaxed);
-    }
+    claim_reset(&st->claim, st->job_unit0[st->n_jobs]);
     if (st->nth == 1)
         jobs_task(st, 0, 1);
     else
@@ -722,8 +672,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->swiglu = vec_swiglu_select(st->level);
     st->rmsnorm = vec_rmsnorm_select(st->level);
     st->pool = pool_create(st->nth);
-    st->seg = aligned_alloc(64, sizeof(job_seg) * (size_t)st->nth);
-    DT_ASSERT(st->seg);
+    claim_init(&st->claim, st->nth);
     st->prep = cpu_prepared_get(m, st->pool);
     *state = st;
     return 0;
@@ -748,7 +697,7 @@ static void cpu_destroy(void *state) {
     cpu_state *st = state;
     if (!st) return;
     pool_free(st->pool);
-    free(st->seg);
+    claim_free(&st->claim);
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);

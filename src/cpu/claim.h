@@ -1,0 +1,46 @@
+/* claim.h — a stage's work units [0, total) handed out over n threads: one contiguous
+ * segment per thread, claimed from its front, half of what is left each time; a thread whose
+ * segment is empty steals the back half of what is left in the fullest segment.
+ *
+ * Why this shape (bench/cpu-speed.md, fifth session): the threads' weight streams stay a
+ * segment apart (this machine reads nearby streams slower), a thread slowed by the memory
+ * system or descheduled by the host is relieved by the others, and no run is reserved
+ * before it is needed, so a stage's threads end within about one small run of each other.
+ * Any interleaving of claims hands out every unit exactly once. */
+#ifndef DITTO_CPU_CLAIM_H
+#define DITTO_CPU_CLAIM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One segment: its unclaimed [front, back) packed as front | back << 32 (one CAS claims
+ * from either end) and its initial back; a cache line each. */
+typedef struct claim_seg {
+    _Atomic uint64_t fb;
+    int end;
+    char pad[64 - sizeof(uint64_t) - sizeof(int)];
+} claim_seg;
+
+typedef struct claim_set {
+    claim_seg *seg; /* [n] */
+    int n;
+} claim_set;
+
+/* n >= 1 threads; claim_free releases. */
+void claim_init(claim_set *c, int n);
+void claim_free(claim_set *c);
+
+/* Cuts [0, total) into n equal segments (before the threads start; not concurrent). */
+void claim_reset(claim_set *c, int total);
+
+/* Thread ith's next run [*u0, *u1), non-empty: from its own segment's front (*own = true;
+ * own runs are consecutive, ascending), else stolen from another's back. False when every
+ * unit is claimed. Safe to call from all threads at once. */
+bool claim_next(claim_set *c, int ith, int *u0, int *u1, bool *own);
+
+/* The initial back of thread ith's segment: after an own run ending at e < it, the next own
+ * run (if not stolen meanwhile) starts at e. */
+static inline int claim_seg_end(const claim_set *c, int ith) { return c->seg[ith].end; }
+
+#endif

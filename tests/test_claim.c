@@ -1,0 +1,135 @@
+/* test_claim.c — segmented work claiming (src/cpu/claim.c): under real concurrency, with
+ * threads delayed at random or one thread absent, every unit is handed out exactly once;
+ * runs are non-empty; each thread's own runs are consecutive from its segment's start; a
+ * lone thread takes its whole segment front to back; others steal only from backs. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "cpu/claim.h"
+#include "test.h"
+
+#define MAXT 8
+#define MAXRUNS 4096
+
+typedef struct run {
+    int u0, u1;
+    bool own;
+} run;
+
+typedef struct ctx {
+    claim_set *c;
+    int ith, delay_us; /* delay: before the first claim, and a spin between claims (jitter) */
+    uint64_t seed;
+    run runs[MAXRUNS];
+    int n_runs;
+    _Atomic int *hits;
+} ctx;
+
+static void spin_us(int us) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+}
+
+static void *worker(void *arg) {
+    ctx *x = arg;
+    if (x->delay_us) spin_us(x->delay_us);
+    int a, b;
+    bool own;
+    while (claim_next(x->c, x->ith, &a, &b, &own)) {
+        if (x->n_runs < MAXRUNS) x->runs[x->n_runs++] = (run){a, b, own};
+        for (int u = a; u < b; u++) atomic_fetch_add_explicit(&x->hits[u], 1, memory_order_relaxed);
+        x->seed = x->seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        if ((x->seed >> 60) == 0) sched_yield();
+    }
+    return NULL;
+}
+
+/* Runs one stage of `total` units on nth threads (thread `absent` never claims; -1: none)
+ * and checks the hand-out. Returns the number of stolen runs. */
+static int stage(claim_set *c, int nth, int total, int absent, int delay_us, uint64_t seed) {
+    _Atomic int *hits = calloc((size_t)total + 1, sizeof *hits);
+    static ctx xs[MAXT];
+    claim_reset(c, total);
+    pthread_t th[MAXT];
+    for (int i = 0; i < nth; i++) {
+        xs[i] = (ctx){.c = c, .ith = i, .delay_us = i == 0 ? 0 : (int)((seed >> (4 * i)) % (unsigned)(delay_us + 1)),
+                      .seed = seed + (uint64_t)i, .hits = hits};
+        if (i != absent) pthread_create(&th[i], NULL, worker, &xs[i]);
+    }
+    for (int i = 0; i < nth; i++)
+        if (i != absent) pthread_join(th[i], NULL);
+    int bad = 0, steals = 0, own_bad = 0, empty = 0;
+    for (int u = 0; u < total; u++) bad += atomic_load(&hits[u]) != 1;
+    for (int i = 0; i < nth; i++) {
+        if (i == absent) continue;
+        int next = (int)((long long)total * i / nth); /* own runs: consecutive from the segment start */
+        for (int r = 0; r < xs[i].n_runs; r++) {
+            const run *q = &xs[i].runs[r];
+            empty += q->u1 <= q->u0;
+            if (q->own) {
+                own_bad += q->u0 != next || q->u1 > claim_seg_end(c, i);
+                next = q->u1;
+            } else {
+                steals++;
+            }
+        }
+    }
+    CHECK(bad == 0, "nth %d total %d absent %d: %d units not handed out exactly once", nth, total, absent, bad);
+    CHECK(empty == 0 && own_bad == 0, "nth %d total %d: %d empty runs, %d own runs out of order", nth, total, empty, own_bad);
+    free(hits);
+    return steals;
+}
+
+int main(void) {
+    static const int totals[] = {0, 1, 2, 3, 7, 8, 9, 31, 100, 1000, 20000};
+    uint64_t seed = 0x9E3779B97F4A7C15ULL;
+    for (int nth = 1; nth <= MAXT; nth++) {
+        claim_set c;
+        claim_init(&c, nth);
+        for (size_t t = 0; t < sizeof totals / sizeof *totals; t++)
+            for (int rep = 0; rep < 4; rep++) {
+                seed = seed * 6364136223846793005ULL + 1;
+                stage(&c, nth, totals[t], -1, rep * 50, seed);
+            }
+        claim_free(&c);
+    }
+
+    /* a lone thread: its own segment front to back in halving runs, then the others' backs */
+    claim_set c;
+    claim_init(&c, 4);
+    claim_reset(&c, 64);
+    int a, b, n = 0, sizes[64];
+    bool own, order_ok = true;
+    int next = 0, backs[4] = {16, 32, 48, 64};
+    while (claim_next(&c, 0, &a, &b, &own) && n < 64) {
+        sizes[n++] = b - a;
+        if (own) {
+            order_ok &= a == next;
+            next = b;
+        } else { /* steals: half of what is left, from the back of another segment */
+            int s = a / 16;
+            const int left = backs[s] - 16 * s;
+            order_ok &= s >= 1 && b == backs[s] && b - a == (left / 2 > 1 ? left / 2 : 1);
+            backs[s] = a;
+        }
+    }
+    CHECK(n >= 2 && sizes[0] == 8 && sizes[1] == 4 && next == 16, "lone thread own runs: first %d, %d, own end %d",
+          n ? sizes[0] : -1, n > 1 ? sizes[1] : -1, next);
+    CHECK(order_ok, "lone thread: runs out of order");
+    claim_free(&c);
+
+    /* one thread never shows up: the others take all of its segment, by stealing */
+    for (int nth = 2; nth <= 4; nth++)
+        for (int absent = 0; absent < nth; absent += nth - 1) {
+            claim_set d;
+            claim_init(&d, nth);
+            int steals = stage(&d, nth, 1000, absent, 0, seed + (uint64_t)nth);
+            CHECK(steals > 0, "nth %d with thread %d absent: no steals", nth, absent);
+            claim_free(&d);
+        }
+    return test_summary();
+}
