@@ -146,7 +146,7 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     gemm_job *j = &st->jobs[st->n_jobs++];
     const prep_weight *pw = cpu_prepared_find(st->prep, w);
     /* the prepared copy where there is one (repacked, or plain on huge pages), else the file's */
-    j->w = pw ? pw->data + (size_t)mat * pw->mat_bytes : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+    j->w = pw ? pw->data + (size_t)mat * pw->mat_stride : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
     if (pw && pw->repacked) {
         j->fn = st->gemm_rp[w->type];
         j->row_bytes = pw->group_bytes;

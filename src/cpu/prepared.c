@@ -75,7 +75,7 @@ static void repack_task(void *ctx, int ith, int nth) {
             long a = DT_MAX(lo, base), b = DT_MIN(hi, base + gpm);
             if (a >= b) continue;
             const uint8_t *src = (const uint8_t *)w->data + (size_t)e * w->mat_bytes;
-            uint8_t *dst = (uint8_t *)pw->data + (size_t)e * pw->mat_bytes;
+            uint8_t *dst = (uint8_t *)pw->data + (size_t)e * pw->mat_stride;
             if (pw->repacked) {
                 repack_rows(w->type, src, w->row_bytes, w->rows, w->cols, dst, (int)(a - base), (int)(b - base));
             } else { /* groups of 16 rows, as the repack counts them */
@@ -86,20 +86,43 @@ static void repack_task(void *ctx, int ith, int nth) {
     }
 }
 
-/* Repacks w (Q4_K / Q6_K), or with copy set copies a float matrix as it is. */
-static void add(cpu_prepared *cp, const model_weight *w, bool copy) {
-    if (!w->data || cpu_prepared_find(cp, w)) return;
-    if (copy ? !(w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) : !repack_supported(w->type)) return;
+/* Records w's prepared form at offset off of the range (a pointer once the range exists). */
+static void put(cpu_prepared *cp, const model_weight *w, bool copy, size_t off, size_t stride) {
     prep_weight *pw = &cp->items[cp->n];
     pw->w = w;
     pw->repacked = !copy;
     pw->mat_bytes = copy ? w->mat_bytes : repack_bytes(w->type, w->rows, w->cols);
+    pw->mat_stride = stride ? stride : pw->mat_bytes;
     pw->group_bytes = copy ? w->row_bytes : repack_group_bytes(w->type, w->cols);
-    pw->data = (const uint8_t *)(uintptr_t)cp->bytes; /* offset until the mapping exists */
-    cp->bytes += (pw->mat_bytes * (size_t)w->n_mat + 63) & ~(size_t)63;
+    pw->data = (const uint8_t *)(uintptr_t)off; /* offset until the mapping exists */
     size_t h = hash_ptr(w);
     while (cp->slot[h] >= 0) h = (h + 1) & (PREP_CAP - 1);
     cp->slot[h] = cp->n++;
+}
+
+/* Repacks w (Q4_K / Q6_K), or with copy set copies a float matrix as it is. */
+static void add(cpu_prepared *cp, const model_weight *w, bool copy) {
+    if (!w->data || cpu_prepared_find(cp, w)) return;
+    if (copy ? !(w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) : !repack_supported(w->type)) return;
+    put(cp, w, copy, cp->bytes, 0);
+    const prep_weight *pw = &cp->items[cp->n - 1];
+    cp->bytes += (pw->mat_bytes * (size_t)w->n_mat + 63) & ~(size_t)63;
+}
+
+/* Repacks gate and up with matrix e of up right after matrix e of gate, where both are
+ * repackable and alike (type, shape, count); else each on its own. */
+static void add_pair(cpu_prepared *cp, const model_weight *g, const model_weight *u) {
+    if (!g->data || !u->data || g->type != u->type || g->rows != u->rows || g->cols != u->cols ||
+        g->n_mat != u->n_mat || !repack_supported(g->type) || cpu_prepared_find(cp, g) || cpu_prepared_find(cp, u)) {
+        add(cp, g, false);
+        add(cp, u, false);
+        return;
+    }
+    const size_t m = repack_bytes(g->type, g->rows, g->cols);
+    DT_ASSERT(m % 64 == 0);
+    put(cp, g, false, cp->bytes, 2 * m);
+    put(cp, u, false, cp->bytes + m, 2 * m);
+    cp->bytes += 2 * m * (size_t)g->n_mat;
 }
 
 const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
@@ -117,10 +140,12 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
     add(cp, &m->output, false);
     for (int l = 0; l < m->hp.n_layer; l++) {
         const model_layer *L = &m->layers[l];
-        const model_weight *ws[] = {&L->wq,        &L->wk,      &L->wv,        &L->wo,
-                                    &L->gate_exps, &L->up_exps, &L->down_exps, &L->ffn_gate,
-                                    &L->ffn_up,    &L->ffn_down};
+        const model_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo};
         for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) add(cp, ws[i], false);
+        add_pair(cp, &L->gate_exps, &L->up_exps);
+        add(cp, &L->down_exps, false);
+        add_pair(cp, &L->ffn_gate, &L->ffn_up);
+        add(cp, &L->ffn_down, false);
         add(cp, &L->gate_inp, true); /* the router: read whole every step */
     }
     if (!cp->bytes) return cp;

@@ -5,7 +5,9 @@
  * so SIMD lanes are output rows; the repacked kernels are bitwise equal to the
  * reference on the original layout, so preparing changes speed, never results.
  * Float matrices that are streamed every step (the MoE router) are copied as they
- * are, for the huge pages. The original file pages are released after the copy. */
+ * are, for the huge pages. The original file pages are released after the copy.
+ * Gate and up matrices of the same type and shape are interleaved, expert by expert (gate e,
+ * up e, gate e+1, ...): a token's gate and up products of one expert are one stream. */
 #ifndef DITTO_PREPARED_H
 #define DITTO_PREPARED_H
 
@@ -16,8 +18,10 @@
 
 typedef struct prep_weight {
     const model_weight *w; /* the model's weight this replaces */
-    const uint8_t *data;   /* prepared matrix 0; matrix e at data + e*mat_bytes */
+    const uint8_t *data;   /* prepared matrix 0; matrix e at data + e*mat_stride */
     size_t mat_bytes;      /* bytes per prepared matrix */
+    size_t mat_stride;     /* bytes from one matrix to the next: mat_bytes, or 2*mat_bytes where
+                              an expert's gate and up matrices are laid side by side */
     size_t group_bytes;    /* repacked: bytes per 16-row group (the gemm's row_bytes argument);
                               copied: the row bytes */
     int repacked;          /* 1: 16-row groups for the repacked kernels; 0: a plain copy */
