@@ -217,7 +217,7 @@ static void jobs_run(cpu_state *st) {
     if (st->nth == 1)
         jobs_task(st, 0, 1);
     else
-        pool_run(st->pool, jobs_task, st); /* pool_run publishes seg / job_unit0 (release) */
+        pool_run(st->pool, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
     st->n_jobs = 0;
 }
 
