@@ -20,10 +20,10 @@ typedef struct run {
 
 typedef struct ctx {
     claim_set *c;
-    int ith, delay_us; /* delay: before the first claim, and a spin between claims (jitter) */
+    int ith, total, delay_us; /* delay: before the first claim; then a short spin now and then (jitter) */
     uint64_t seed;
     run runs[MAXRUNS];
-    int n_runs;
+    int n_runs, out_of_range;
     _Atomic int *hits;
 } ctx;
 
@@ -41,9 +41,14 @@ static void *worker(void *arg) {
     bool own;
     while (claim_next(x->c, x->ith, &a, &b, &own)) {
         if (x->n_runs < MAXRUNS) x->runs[x->n_runs++] = (run){a, b, own};
+        if (a < 0 || b > x->total) {
+            x->out_of_range++;
+            continue;
+        }
         for (int u = a; u < b; u++) atomic_fetch_add_explicit(&x->hits[u], 1, memory_order_relaxed);
         x->seed = x->seed * 6364136223846793005ULL + 1442695040888963407ULL;
         if ((x->seed >> 60) == 0) sched_yield();
+        else if (x->delay_us && (x->seed >> 60) == 1) spin_us(1 + (int)((x->seed >> 40) % 8));
     }
     return NULL;
 }
@@ -56,16 +61,17 @@ static int stage(claim_set *c, int nth, int total, int absent, int delay_us, uin
     claim_reset(c, total);
     pthread_t th[MAXT];
     for (int i = 0; i < nth; i++) {
-        xs[i] = (ctx){.c = c, .ith = i, .delay_us = i == 0 ? 0 : (int)((seed >> (4 * i)) % (unsigned)(delay_us + 1)),
+        xs[i] = (ctx){.c = c, .ith = i, .total = total, .delay_us = i == 0 ? 0 : (int)((seed >> (4 * i)) % (unsigned)(delay_us + 1)),
                       .seed = seed + (uint64_t)i, .hits = hits};
         if (i != absent) pthread_create(&th[i], NULL, worker, &xs[i]);
     }
     for (int i = 0; i < nth; i++)
         if (i != absent) pthread_join(th[i], NULL);
-    int bad = 0, steals = 0, own_bad = 0, empty = 0;
+    int bad = 0, steals = 0, own_bad = 0, empty = 0, oob = 0;
     for (int u = 0; u < total; u++) bad += atomic_load(&hits[u]) != 1;
     for (int i = 0; i < nth; i++) {
         if (i == absent) continue;
+        oob += xs[i].out_of_range;
         int next = (int)((long long)total * i / nth); /* own runs: consecutive from the segment start */
         for (int r = 0; r < xs[i].n_runs; r++) {
             const run *q = &xs[i].runs[r];
@@ -78,7 +84,8 @@ static int stage(claim_set *c, int nth, int total, int absent, int delay_us, uin
             }
         }
     }
-    CHECK(bad == 0, "nth %d total %d absent %d: %d units not handed out exactly once", nth, total, absent, bad);
+    CHECK(bad == 0 && oob == 0, "nth %d total %d absent %d: %d units not handed out exactly once, %d runs out of range",
+          nth, total, absent, bad, oob);
     CHECK(empty == 0 && own_bad == 0, "nth %d total %d: %d empty runs, %d own runs out of order", nth, total, empty, own_bad);
     free(hits);
     return steals;
@@ -104,19 +111,24 @@ int main(void) {
     claim_reset(&c, 64);
     int a, b, n = 0, sizes[64];
     bool own, order_ok = true;
-    int next = 0, backs[4] = {16, 32, 48, 64};
+    int next = 0, backs[4] = {16, 32, 48, 64}, handed = 0;
     while (claim_next(&c, 0, &a, &b, &own) && n < 64) {
         sizes[n++] = b - a;
+        handed += b - a;
         if (own) {
             order_ok &= a == next;
             next = b;
-        } else { /* steals: half of what is left, from the back of another segment */
-            int s = a / 16;
+        } else { /* steals: half of what is left, from the back of the fullest other segment */
+            int s = a / 16, fullest = 1;
+            for (int t = 2; t < 4; t++)
+                if (backs[t] - 16 * t > backs[fullest] - 16 * fullest) fullest = t;
             const int left = backs[s] - 16 * s;
-            order_ok &= s >= 1 && b == backs[s] && b - a == (left / 2 > 1 ? left / 2 : 1);
+            order_ok &= s == fullest && b == backs[s] && b - a == (left / 2 > 1 ? left / 2 : 1);
             backs[s] = a;
         }
     }
+    order_ok &= handed == 64;
+    for (int s = 1; s < 4; s++) order_ok &= backs[s] == 16 * s;
     CHECK(n >= 2 && sizes[0] == 8 && sizes[1] == 4 && next == 16, "lone thread own runs: first %d, %d, own end %d",
           n ? sizes[0] : -1, n > 1 ? sizes[1] : -1, next);
     CHECK(order_ok, "lone thread: runs out of order");

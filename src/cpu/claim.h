@@ -21,6 +21,7 @@ typedef struct claim_seg {
     int end;
     char pad[64 - sizeof(uint64_t) - sizeof(int)];
 } claim_seg;
+_Static_assert(sizeof(claim_seg) == 64, "claim_seg: one cache line");
 
 typedef struct claim_set {
     claim_seg *seg; /* [n] */
