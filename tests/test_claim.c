@@ -5,8 +5,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <time.h>
 
+#include "common.h"
 #include "cpu/claim.h"
 #include "test.h"
 
@@ -28,10 +28,9 @@ typedef struct ctx {
 } ctx;
 
 static void spin_us(int us) {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do clock_gettime(CLOCK_MONOTONIC, &t);
-    while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < us);
+    const double t0 = time_now();
+    while ((time_now() - t0) * 1e6 < us) {
+    }
 }
 
 static void *worker(void *arg) {

@@ -6,7 +6,6 @@
  * thread count cannot change a bit. */
 #include <immintrin.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "backend.h"
