@@ -97,6 +97,14 @@ AI const uint8_t *launder(const uint8_t *p) {
     return p;
 }
 
+/* Makes v a register value the compiler cannot re-load: a weight vector used twice (Q & 0x0f,
+ * Q & 0xf0) is loaded once instead of being folded into both ANDs as a memory operand (the
+ * doubled loads cost 10-17% of the Q4_K kernel's in-cache speed at 1-8 tokens). */
+AI __m512i in_reg(__m512i v) {
+    __asm__ volatile("" : "+v"(v));
+    return v;
+}
+
 /* Makes the compiler produce *v here, in a register: keeps each sub-block's vpmulld/vpaddd
  * in place instead of letting the scheduler sink them (and spill the partial sums). */
 AI void pin(__m512i *v) { __asm__ volatile("" : "+v"(*v)); }
@@ -142,7 +150,7 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
         __m512i se[TCH], so[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const __m512i Q = LD(B + RP_Q4K_QS + 64 * (8 * p + i));
+            const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 se[t] = dp_bcast(se[t], lo, y[t]->q + 64 * p + 4 * i);
@@ -175,6 +183,41 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
         a = chain_neg(a, dmin, y[t]->d, M);
         _mm512_store_ps(acc + 16 * t, a);
     }
+}
+
+/* One token against one Q4_K block B, returning the updated accumulator: the same integer sums
+ * and fp32 chain as q4k_tokens(1, ...), but the 8 sub-block sums run as 8 interleaved chains
+ * (vector i of all four pairs, then i+1, ...), so each chain's next vpdpbusd comes 8
+ * instructions later and a small window keeps both multiply pipes busy (in L1: +3% over the
+ * pair-by-pair order; at T >= 2 the tokens' chains interleave already, and this order is slower). */
+AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
+    __m512i se[4], so[4];
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
+            se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
+            so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
+        }
+    }
+    const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
+    __m512i I = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        const __m512i sc = p < 2 ? slo : shi;
+        I = _mm512_add_epi32(I, _mm512_mullo_epi32(se[p], byte_to_dword(sc, (2 * p) & 3)));
+        I = _mm512_add_epi32(I, _mm512_mullo_epi32(_mm512_srai_epi32(so[p], 4), byte_to_dword(sc, (2 * p + 1) & 3)));
+    }
+    const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y->bsums);
+    const __m128i bp = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
+    __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bytes_to_words(mlo, 0), _mm512_broadcastd_epi32(bp));
+    M = _mm512_dpwssd_epi32(M, bytes_to_words(mlo, 1), _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 1)));
+    M = _mm512_dpwssd_epi32(M, bytes_to_words(mhi, 0), _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 2)));
+    M = _mm512_dpwssd_epi32(M, bytes_to_words(mhi, 1), _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
+    return chain_neg(chain(a, d, y->d, I), dmin, y->d, M);
 }
 
 /* ---- Q6_K ----------------------------------------------------------------------------------
@@ -264,6 +307,30 @@ static const tok_fn tok_table[2][TCH + 1] = {
     {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4, q6k_t5, q6k_t6, q6k_t7, q6k_t8},
 };
 
+/* One token against one 16-row group (every block, the accumulators in registers): the
+ * one-token path's loop without a call and an accumulator round trip per block. */
+static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
+                                                  float *acc) {
+    __m512 a = _mm512_load_ps(acc);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+        prefetch_block(B, RP_Q4K_BLOCK, end);
+        a = q4k_one(B, y + b, a);
+    }
+    _mm512_store_ps(acc, a);
+}
+static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
+                                                  float *acc) {
+    const size_t hdr = rp_q6k_header(nb);
+    prefetch_block(G, hdr, end);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
+        const block_q8k *yb = y + b;
+        prefetch_block(B, RP_Q6K_BLOCK, end);
+        q6k_tokens(1, B, G + 32 * b, &yb, acc);
+    }
+}
+
 static void gemm_rp(const int type, GEMM_ARGS) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
     const int is6 = type == QT_Q6_K;
@@ -279,6 +346,10 @@ static void gemm_rp(const int type, GEMM_ARGS) {
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
+            if (nt == 1) {
+                const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
+                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, end, acc);
+            } else {
             if (is6) prefetch_block(G, hdr, end);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
@@ -290,6 +361,7 @@ static void gemm_rp(const int type, GEMM_ARGS) {
                         y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
                     tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc);
                 }
+            }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
             const __mmask16 m = (__mmask16)((1u << nr) - 1u);
