@@ -280,6 +280,50 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
     }
 }
 
+/* One token against one Q6_K block B (its 16 fp16 d at D), returning the updated accumulator:
+ * the same integer sums and fp32 chain as q6k_tokens(1, ...), in another order. The four
+ * weight vectors that share their loads (e = 32h + 8s + n, s = 0..3: nibble vectors L[16h + n],
+ * L[16h + 8 + n], 2-bit vector H[8h + n]) are made together from three loads, each as
+ * nibble | (2 bits & 0x30) in one vpternlogd; the 8 sub-block sums of a half h run as 8 chains. */
+AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512i I = _mm512_setzero_si512();
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i sj[8]; /* sub-block 8h + k */
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) sj[k] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++) {
+            const __m512i L0 = in_reg(LD(B + RP_Q6K_QL + 64 * (16 * h + n)));
+            const __m512i L1 = in_reg(LD(B + RP_Q6K_QL + 64 * (16 * h + 8 + n)));
+            const __m512i H = in_reg(LD(B + RP_Q6K_QH + 64 * (8 * h + n)));
+            /* u = nibble | (bits 2s..2s+1 of H at bits 4..5): A | (B & C) is ternary-logic 0xF8 */
+            const __m512i u[4] = {
+                _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m0f), _mm512_slli_epi16(H, 4), m30, 0xF8),
+                _mm512_ternarylogic_epi32(_mm512_and_si512(L1, m0f), _mm512_slli_epi16(H, 2), m30, 0xF8),
+                _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L0, 4), m0f), H, m30, 0xF8),
+                _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(L1, 4), m0f), _mm512_srli_epi16(H, 2), m30,
+                                          0xF8),
+            };
+            _Pragma("GCC unroll 4") for (int sq = 0; sq < 4; sq++) {
+                const int k = 2 * sq + (n >> 2); /* e = 32h + 8sq + n is weight vector (8h + k, n & 3) */
+                sj[k] = dp_bcast(sj[k], u[sq], y->q + 16 * (8 * h + k) + 4 * (n & 3));
+            }
+        }
+        const uint8_t *Bh = launder(B); /* scales decoded here, not hoisted and spilled */
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m512i pr = q6k_scpair(Bh, 4 * h + p);
+            I = _mm512_add_epi32(I, _mm512_mullo_epi32(sj[2 * p], _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16)));
+            I = _mm512_add_epi32(I, _mm512_mullo_epi32(sj[2 * p + 1], _mm512_srai_epi32(pr, 16)));
+            pin(&I);
+        }
+    }
+    __m512i Bs = _mm512_setzero_si512();
+    const uint8_t *Bb = launder(B);
+    _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+        Bs = _mm512_dpwssd_epi32(Bs, q6k_scpair(Bb, p), bcast4((const int8_t *)(const void *)(y->bsums + 2 * p)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)D));
+    return chain(a, d, y->d, _mm512_sub_epi32(I, _mm512_slli_epi32(Bs, 5)));
+}
+
 /* ---- the gemm ------------------------------------------------------------------------------ */
 
 /* One noinline kernel per (type, token count): T tokens x one block. */
@@ -323,12 +367,13 @@ static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const
                                                   float *acc) {
     const size_t hdr = rp_q6k_header(nb);
     prefetch_block(G, hdr, end);
+    __m512 a = _mm512_load_ps(acc);
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
-        const block_q8k *yb = y + b;
         prefetch_block(B, RP_Q6K_BLOCK, end);
-        q6k_tokens(1, B, G + 32 * b, &yb, acc);
+        a = q6k_one(B, G + 32 * b, y + b, a);
     }
+    _mm512_store_ps(acc, a);
 }
 
 static void gemm_rp(const int type, GEMM_ARGS) {
