@@ -28,6 +28,9 @@
  * for a chunk of up to 8 tokens at once (accumulators: 16 lanes x tokens; a noinline kernel
  * per token count 1..8 keeps everything in registers); more tokens take more chunks, which
  * find the block in L1. The 16 rows' scales are decoded in registers per chunk (no gathers).
+ * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
+ * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
+ * q6k_one); in L1 it runs ~30% faster than the chunk kernel at T = 1 (bench/ab_kernel.sh).
  * The matrix is one sequential stream per group, software-prefetched RP_PF_DIST bytes ahead:
  * at n_tok = 1 the kernel runs at DRAM speed. */
 #include <immintrin.h>

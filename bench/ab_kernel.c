@@ -1,0 +1,126 @@
+/* ab_kernel.c — in-process A/B of two versions of the AVX-512 repacked gemm kernels
+ * (src/cpu/repack_avx512.c), built by bench/ab_kernel.sh with their entry points renamed to
+ * repack_gemm_avx512_A / _B. Both run on the same repacked matrix and activations, alternating
+ * A, B, A, B, ... in one process, best time per side: on this shared VM, separate runs drift
+ * by 20–40% between phases, alternating calls within a process do not.
+ *
+ *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048]
+ * ROWS 32 keeps the matrix in L1 (the kernels' compute speed); 400000 rows (~0.45 GiB) streams
+ * it from memory. Prints GB/s of weight bytes per side, and whether each side's output is
+ * bitwise equal to the reference gemm (quant.c) — a kernel that is fast but wrong says so. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "common.h"
+#include "cpu/repack.h"
+#include "quant.h"
+
+quant_gemm_fn repack_gemm_avx512_A(uint32_t type);
+quant_gemm_fn repack_gemm_avx512_B(uint32_t type);
+
+typedef struct {
+    quant_gemm_fn fn;
+    const void *w;
+    size_t gb;
+    int r0, r1, k;
+    const void *act;
+    size_t ab;
+    int n_tok;
+    float *out;
+    size_t os;
+} job;
+
+static void *run_job(void *p) {
+    const job *j = p;
+    j->fn(j->w, j->gb, j->r0, j->r1, j->k, j->act, j->ab, j->n_tok, j->out, j->os);
+    return NULL;
+}
+
+/* One pass over all rows, split in nth contiguous 16-row-aligned parts; returns seconds. */
+static double pass(job base, int rows, int nth) {
+    job j[16];
+    pthread_t th[16];
+    const int ng = (rows + 15) / 16;
+    const double t0 = time_now();
+    for (int i = 0; i < nth; i++) {
+        j[i] = base;
+        j[i].r0 = (int)((long)ng * i / nth) * 16;
+        j[i].r1 = DT_MIN((int)((long)ng * (i + 1) / nth) * 16, rows);
+        if (i) pthread_create(&th[i], NULL, run_job, &j[i]);
+    }
+    run_job(&j[0]);
+    for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
+    return time_now() - t0;
+}
+
+static void *huge_alloc(size_t n) {
+    const size_t al = (size_t)2 << 20, len = (n + al - 1) / al * al;
+    void *p = aligned_alloc(al, len);
+    DT_ASSERT(p);
+    madvise(p, len, MADV_HUGEPAGE);
+    memset(p, 0, len);
+    return p;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q6_k THREADS [K]\n");
+        return 2;
+    }
+    const int rows = atoi(argv[1]), nt = atoi(argv[2]), nth = DT_MIN(16, atoi(argv[4]));
+    const uint32_t type = !strcmp(argv[3], "q6_k") ? QT_Q6_K : QT_Q4_K;
+    const int k = argc > 5 ? atoi(argv[5]) : 2048;
+    DT_ASSERT(rows > 0 && nt > 0 && nth > 0 && k > 0 && k % QK_K == 0);
+    const quant_traits *tr = quant_traits_of(type);
+    const size_t rb = quant_row_bytes(type, k), rpm = repack_bytes(type, rows, k), gb = repack_group_bytes(type, k);
+    /* random blocks with small fp16 scales (bits 0x2000-0x23ff: ~0.008-0.016), so sums stay finite */
+    uint8_t *src = xmalloc(rb * (size_t)rows);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < rb * (size_t)rows; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        src[i] = (uint8_t)s;
+    }
+    const size_t bb = tr->bytes, nb = rb / bb;
+    for (size_t b = 0; b < nb * (size_t)rows; b++) {
+        uint8_t *B = src + b * bb;
+        /* Q4_K: d, dmin at bytes 0..3; Q6_K: d at the last two bytes */
+        uint8_t *d = type == QT_Q4_K ? B : B + bb - 2;
+        for (int h = 0; h < (type == QT_Q4_K ? 2 : 1); h++) d[2 * h + 1] = (uint8_t)(0x20 | (d[2 * h + 1] & 3));
+    }
+    uint8_t *wp = huge_alloc(rpm);
+    repack_rows(type, src, rb, rows, k, wp, 0, (rows + 15) / 16);
+    const size_t ab = quant_act_bytes(QA_Q8_256, k);
+    uint8_t *act = xmalloc(ab * (size_t)nt);
+    float *xf = xmalloc((size_t)k * sizeof(float));
+    for (int t = 0; t < nt; t++) {
+        for (int i = 0; i < k; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            xf[i] = (float)((int)(s % 2001) - 1000) * 1e-3f;
+        }
+        quant_act_row(QA_Q8_256, xf, act + (size_t)t * ab, k);
+    }
+    const size_t on = (size_t)rows * (size_t)nt;
+    float *ref = xmalloc(on * sizeof(float)), *out[2] = {xmalloc(on * sizeof(float)), xmalloc(on * sizeof(float))};
+    tr->gemm(src, rb, 0, rows, k, act, ab, nt, ref, (size_t)rows);
+    const quant_gemm_fn fn[2] = {repack_gemm_avx512_A(type), repack_gemm_avx512_B(type)};
+    DT_ASSERT(fn[0] && fn[1]);
+    double best[2] = {1e30, 1e30};
+    const int reps = (int)(2e8 / (double)rpm) + 1, rounds = rpm > 100000000 ? 8 : 30;
+    for (int r = 0; r < rounds; r++)
+        for (int v = 0; v < 2; v++) {
+            const job base = {fn[v], wp, gb, 0, rows, k, act, ab, nt, out[v], (size_t)rows};
+            double t = 0;
+            for (int i = 0; i < reps; i++) t += pass(base, rows, nth);
+            if (t / reps < best[v]) best[v] = t / reps;
+        }
+    printf("%s rows %d k %d n_tok %d threads %d:", tr->name, rows, k, nt, nth);
+    for (int v = 0; v < 2; v++)
+        printf("  %c %.2f GB/s%s", 'A' + v, (double)rpm / best[v] / 1e9,
+               memcmp(out[v], ref, on * sizeof(float)) ? " (NOT BITWISE EQUAL TO THE REFERENCE)" : "");
+    printf("  B/A %.3f\n", best[0] / best[1]);
+    free(src), free(wp), free(act), free(xf), free(ref), free(out[0]), free(out[1]);
+    return 0;
+}

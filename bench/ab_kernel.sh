@@ -1,0 +1,36 @@
+#!/bin/sh
+# bench/ab_kernel.sh — in-process A/B of two versions of src/cpu/repack_avx512.c (the AVX-512
+# repacked Q4_K / Q6_K gemm kernels): both are compiled into one bench/ab_kernel.c binary and
+# timed alternately on the same data, so the VM's drift hits both alike (see ab_kernel.c).
+#
+#   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k] [THREADS=1]
+#   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2     # one token, from memory, two threads
+#
+# REV may be WORK for the working tree's file. Needs `make` (build/libditto.a) first.
+set -eu
+[ $# -ge 2 ] || { sed -n '2,9p' "$0" >&2; exit 2; }
+A=$1 B=$2 ROWS=${3:-32} NTOK=${4:-1,2,4,6,8} TYPES=${5:-q4_k,q6_k} THREADS=${6:-1}
+ROOT=$(git rev-parse --show-toplevel)
+cd "$ROOT"
+[ -f build/libditto.a ] || make -s build/libditto.a
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+FLAGS=$(make -s -f - print-avx512-flags <<'MK'
+include Makefile
+print-avx512-flags: ; @echo $(CFLAGS) $(AVX512_FLAGS)
+MK
+)
+for side in A B; do
+    rev=$A
+    [ $side = B ] && rev=$B
+    if [ "$rev" = WORK ]; then cp src/cpu/repack_avx512.c "$T/$side.c"
+    else git show "$rev:src/cpu/repack_avx512.c" > "$T/$side.c"; fi
+    # shellcheck disable=SC2086
+    cc $FLAGS -Wno-unused-function -Drepack_gemm_avx512=repack_gemm_avx512_$side -c -o "$T/$side.o" "$T/$side.c"
+done
+# shellcheck disable=SC2086
+cc $FLAGS -o "$T/ab_kernel" bench/ab_kernel.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread
+echo "A = $A, B = $B"
+for ty in $(echo "$TYPES" | tr , ' '); do
+    for nt in $(echo "$NTOK" | tr , ' '); do "$T/ab_kernel" "$ROWS" "$nt" "$ty" "$THREADS"; done
+done
