@@ -4,11 +4,14 @@
  * A, B, A, B, ... in one process, best time per side: on this shared VM, separate runs drift
  * by 20–40% between phases, alternating calls within a process do not.
  *
- *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048]
+ *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048] [NMAT=1]
  * ROWS 32 keeps the matrix in L1 (the kernels' compute speed); 400000 rows (~0.45 GiB) streams
- * it from memory. Prints GB/s of weight bytes per side, and whether each side's output is
+ * it from memory. NMAT > 1 copies of the matrix, run one after another with all threads (a
+ * barrier after each, as the model's stages do), e.g. 1536 rows x 300 (0.5 GiB of expert-sized
+ * gate+up pairs) streams model-sized calls from memory. Prints GB/s of weight bytes per side, and whether each side's output is
  * bitwise equal to the reference gemm (quant.c) — a kernel that is fast but wrong says so. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,20 +42,42 @@ static void *run_job(void *p) {
     return NULL;
 }
 
-/* One pass over all rows, split in nth contiguous 16-row-aligned parts; returns seconds. */
-static double pass(job base, int rows, int nth) {
-    job j[16];
-    pthread_t th[16];
-    const int ng = (rows + 15) / 16;
-    const double t0 = time_now();
-    for (int i = 0; i < nth; i++) {
-        j[i] = base;
-        j[i].r0 = (int)((long)ng * i / nth) * 16;
-        j[i].r1 = DT_MIN((int)((long)ng * (i + 1) / nth) * 16, rows);
-        if (i) pthread_create(&th[i], NULL, run_job, &j[i]);
+/* Worker threads persist and spin between passes (a pass over a 1-5 MB matrix, as the model's
+ * calls are, takes 20-100 us: thread creation per pass would dominate it). */
+typedef struct {
+    job jobs[16];
+    int nth;
+    _Atomic int gen, done, quit;
+} team;
+
+static void *worker(void *p) {
+    team *tm = p;
+    static _Atomic int next_id = 1;
+    const int id = next_id++;
+    int seen = 0;
+    for (;;) {
+        int g;
+        while ((g = tm->gen) == seen && !tm->quit) __builtin_ia32_pause();
+        if (tm->quit) return NULL;
+        seen = g;
+        run_job(&tm->jobs[id]);
+        tm->done++;
     }
-    run_job(&j[0]);
-    for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
+}
+
+/* One pass over all rows, split in nth contiguous 16-row-aligned parts; returns seconds. */
+static double pass(team *tm, job base, int rows) {
+    const int nth = tm->nth, ng = (rows + 15) / 16;
+    for (int i = 0; i < nth; i++) {
+        tm->jobs[i] = base;
+        tm->jobs[i].r0 = (int)((long)ng * i / nth) * 16;
+        tm->jobs[i].r1 = DT_MIN((int)((long)ng * (i + 1) / nth) * 16, rows);
+    }
+    const double t0 = time_now();
+    tm->done = 0;
+    tm->gen++;
+    run_job(&tm->jobs[0]);
+    while (tm->done < nth - 1) __builtin_ia32_pause();
     return time_now() - t0;
 }
 
@@ -72,8 +97,8 @@ int main(int argc, char **argv) {
     }
     const int rows = atoi(argv[1]), nt = atoi(argv[2]), nth = DT_MIN(16, atoi(argv[4]));
     const uint32_t type = !strcmp(argv[3], "q6_k") ? QT_Q6_K : QT_Q4_K;
-    const int k = argc > 5 ? atoi(argv[5]) : 2048;
-    DT_ASSERT(rows > 0 && nt > 0 && nth > 0 && k > 0 && k % QK_K == 0);
+    const int k = argc > 5 ? atoi(argv[5]) : 2048, nmat = argc > 6 ? atoi(argv[6]) : 1;
+    DT_ASSERT(rows > 0 && nt > 0 && nth > 0 && k > 0 && k % QK_K == 0 && nmat > 0);
     const quant_traits *tr = quant_traits_of(type);
     const size_t rb = quant_row_bytes(type, k), rpm = repack_bytes(type, rows, k), gb = repack_group_bytes(type, k);
     /* random blocks with small fp16 scales (bits 0x2000-0x23ff: ~0.008-0.016), so sums stay finite */
@@ -90,8 +115,9 @@ int main(int argc, char **argv) {
         uint8_t *d = type == QT_Q4_K ? B : B + bb - 2;
         for (int h = 0; h < (type == QT_Q4_K ? 2 : 1); h++) d[2 * h + 1] = (uint8_t)(0x20 | (d[2 * h + 1] & 3));
     }
-    uint8_t *wp = huge_alloc(rpm);
-    repack_rows(type, src, rb, rows, k, wp, 0, (rows + 15) / 16);
+    const size_t mstride = (rpm + 4095) / 4096 * 4096;
+    uint8_t *wp = huge_alloc(mstride * (size_t)nmat);
+    for (int m = 0; m < nmat; m++) repack_rows(type, src, rb, rows, k, wp + (size_t)m * mstride, 0, (rows + 15) / 16);
     const size_t ab = quant_act_bytes(QA_Q8_256, k);
     uint8_t *act = xmalloc(ab * (size_t)nt);
     float *xf = xmalloc((size_t)k * sizeof(float));
@@ -107,18 +133,28 @@ int main(int argc, char **argv) {
     tr->gemm(src, rb, 0, rows, k, act, ab, nt, ref, (size_t)rows);
     const quant_gemm_fn fn[2] = {repack_gemm_avx512_A(type), repack_gemm_avx512_B(type)};
     DT_ASSERT(fn[0] && fn[1]);
+    static team tm;
+    tm.nth = nth;
+    pthread_t th[16];
+    for (int i = 1; i < nth; i++) pthread_create(&th[i], NULL, worker, &tm);
     double best[2] = {1e30, 1e30};
-    const int reps = (int)(2e8 / (double)rpm) + 1, rounds = rpm > 100000000 ? 8 : 30;
+    const double total = (double)rpm * nmat;
+    const int reps = (int)(2e8 / total) + 1, rounds = total > 1e8 ? 8 : 30;
     for (int r = 0; r < rounds; r++)
         for (int v = 0; v < 2; v++) {
-            const job base = {fn[v], wp, gb, 0, rows, k, act, ab, nt, out[v], (size_t)rows};
             double t = 0;
-            for (int i = 0; i < reps; i++) t += pass(base, rows, nth);
+            for (int i = 0; i < reps; i++)
+                for (int m = 0; m < nmat; m++) {
+                    const job base = {fn[v], wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt, out[v], (size_t)rows};
+                    t += pass(&tm, base, rows);
+                }
             if (t / reps < best[v]) best[v] = t / reps;
         }
-    printf("%s rows %d k %d n_tok %d threads %d:", tr->name, rows, k, nt, nth);
+    tm.quit = 1;
+    for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
+    printf("%s rows %d k %d n_tok %d threads %d matrices %d:", tr->name, rows, k, nt, nth, nmat);
     for (int v = 0; v < 2; v++)
-        printf("  %c %.2f GB/s%s", 'A' + v, (double)rpm / best[v] / 1e9,
+        printf("  %c %.2f GB/s%s", 'A' + v, total / best[v] / 1e9,
                memcmp(out[v], ref, on * sizeof(float)) ? " (NOT BITWISE EQUAL TO THE REFERENCE)" : "");
     printf("  B/A %.3f\n", best[0] / best[1]);
     free(src), free(wp), free(act), free(xf), free(ref), free(out[0]), free(out[1]);

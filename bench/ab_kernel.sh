@@ -3,13 +3,14 @@
 # repacked Q4_K / Q6_K gemm kernels): both are compiled into one bench/ab_kernel.c binary and
 # timed alternately on the same data, so the VM's drift hits both alike (see ab_kernel.c).
 #
-#   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k] [THREADS=1]
-#   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2     # one token, from memory, two threads
+#   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k] [THREADS=1] [NMAT=1]
+#   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2       # one token, from memory, two threads
+#   bench/ab_kernel.sh HEAD~1 HEAD 1536 1 q4_k 2 300     # 300 expert-sized matrices in turn
 #
 # REV may be WORK for the working tree's file. Needs `make` (build/libditto.a) first.
 set -eu
-[ $# -ge 2 ] || { sed -n '2,9p' "$0" >&2; exit 2; }
-A=$1 B=$2 ROWS=${3:-32} NTOK=${4:-1,2,4,6,8} TYPES=${5:-q4_k,q6_k} THREADS=${6:-1}
+[ $# -ge 2 ] || { sed -n '2,10p' "$0" >&2; exit 2; }
+A=$1 B=$2 ROWS=${3:-32} NTOK=${4:-1,2,4,6,8} TYPES=${5:-q4_k,q6_k} THREADS=${6:-1} NMAT=${7:-1}
 ROOT=$(git rev-parse --show-toplevel)
 cd "$ROOT"
 [ -f build/libditto.a ] || make -s build/libditto.a
@@ -32,5 +33,5 @@ done
 cc $FLAGS -o "$T/ab_kernel" bench/ab_kernel.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread
 echo "A = $A, B = $B"
 for ty in $(echo "$TYPES" | tr , ' '); do
-    for nt in $(echo "$NTOK" | tr , ' '); do "$T/ab_kernel" "$ROWS" "$nt" "$ty" "$THREADS"; done
+    for nt in $(echo "$NTOK" | tr , ' '); do "$T/ab_kernel" "$ROWS" "$nt" "$ty" "$THREADS" 2048 "$NMAT"; done
 done
