@@ -20,32 +20,16 @@
 #include "common.h"
 #include "cpu/repack.h"
 #include "quant.h"
+#include "gemm_job.h"
 
 quant_gemm_fn repack_gemm_avx512_A(uint32_t type);
 quant_gemm_fn repack_gemm_avx512_B(uint32_t type);
 
-typedef struct {
-    quant_gemm_fn fn;
-    const void *w;
-    size_t gb;
-    int r0, r1, k;
-    const void *act;
-    size_t ab;
-    int n_tok;
-    float *out;
-    size_t os;
-} job;
-
-static void *run_job(void *p) {
-    const job *j = p;
-    j->fn(j->w, j->gb, j->r0, j->r1, j->k, j->act, j->ab, j->n_tok, j->out, j->os);
-    return NULL;
-}
 
 /* Worker threads persist and spin between passes (a pass over a 1-5 MB matrix, as the model's
  * calls are, takes 20-100 us: thread creation per pass would dominate it). */
 typedef struct {
-    job jobs[16];
+    gemm_job jobs[16];
     int nth;
     _Atomic int gen, done, quit;
 } team;
@@ -60,13 +44,13 @@ static void *worker(void *p) {
         while ((g = tm->gen) == seen && !tm->quit) __builtin_ia32_pause();
         if (tm->quit) return NULL;
         seen = g;
-        run_job(&tm->jobs[id]);
+        gemm_job_run(&tm->jobs[id]);
         tm->done++;
     }
 }
 
 /* One pass over all rows, split in nth contiguous 16-row-aligned parts; returns seconds. */
-static double pass(team *tm, job base, int rows) {
+static double pass(team *tm, gemm_job base, int rows) {
     const int nth = tm->nth, ng = (rows + 15) / 16;
     for (int i = 0; i < nth; i++) {
         tm->jobs[i] = base;
@@ -76,7 +60,7 @@ static double pass(team *tm, job base, int rows) {
     const double t0 = time_now();
     tm->done = 0;
     tm->gen++;
-    run_job(&tm->jobs[0]);
+    gemm_job_run(&tm->jobs[0]);
     while (tm->done < nth - 1) __builtin_ia32_pause();
     return time_now() - t0;
 }
@@ -145,7 +129,7 @@ int main(int argc, char **argv) {
             double t = 0;
             for (int i = 0; i < reps; i++)
                 for (int m = 0; m < nmat; m++) {
-                    const job base = {fn[v], wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt, out[v], (size_t)rows};
+                    const gemm_job base = {fn[v], wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt, out[v], (size_t)rows};
                     t += pass(&tm, base, rows);
                 }
             if (t / reps < best[v]) best[v] = t / reps;

@@ -29,6 +29,7 @@
 #include "gguf.h"
 #include "cpu/repack.h"
 #include "quant.h"
+#include "gemm_job.h"
 
 static uint64_t rs = 0x9E3779B97F4A7C15ULL;
 static inline uint64_t xs(void) {
@@ -56,37 +57,20 @@ static void big_free(void *q, size_t n) {
     munmap(q, (n + al - 1) / al * al);
 }
 
-typedef struct {
-    quant_gemm_fn fn;
-    const void *w;
-    size_t stride; /* row_bytes or group_bytes */
-    int r0, r1, k;
-    const void *act;
-    size_t ab;
-    int n_tok;
-    float *out;
-    size_t os;
-} job;
-
-static void *run_job(void *p) {
-    job *j = p;
-    j->fn(j->w, j->stride, j->r0, j->r1, j->k, j->act, j->ab, j->n_tok, j->out, j->os);
-    return NULL;
-}
 
 /* One pass with nth threads over all rows; returns seconds. */
 static double pass(quant_gemm_fn fn, const void *w, size_t stride, int rows, int k, const void *act, size_t ab,
                    int n_tok, float *out, int nth) {
     const int ng = (rows + 15) / 16;
-    job j[16];
+    gemm_job j[16];
     pthread_t th[16];
     const double t0 = time_now();
     for (int i = 0; i < nth; i++) {
         const int g0 = (int)((long)ng * i / nth), g1 = (int)((long)ng * (i + 1) / nth);
-        j[i] = (job){fn, w, stride, g0 * 16, DT_MIN(g1 * 16, rows), k, act, ab, n_tok, out, (size_t)rows};
-        if (i) pthread_create(&th[i], NULL, run_job, &j[i]);
+        j[i] = (gemm_job){fn, w, stride, g0 * 16, DT_MIN(g1 * 16, rows), k, act, ab, n_tok, out, (size_t)rows};
+        if (i) pthread_create(&th[i], NULL, gemm_job_run, &j[i]);
     }
-    run_job(&j[0]);
+    gemm_job_run(&j[0]);
     for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
     return time_now() - t0;
 }
