@@ -5,11 +5,13 @@
  * by 20–40% between phases, alternating calls within a process do not.
  *
  *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048] [NMAT=1]
- * ROWS 32 keeps the matrix in L1 (the kernels' compute speed); 400000 rows (~0.45 GiB) streams
- * it from memory. NMAT > 1 copies of the matrix, run one after another with all threads (a
- * barrier after each, as the model's stages do), e.g. 1536 rows x 300 (0.5 GiB of expert-sized
- * gate+up pairs) streams model-sized calls from memory. Prints GB/s of weight bytes per side, and whether each side's output is
- * bitwise equal to the reference gemm (quant.c) — a kernel that is fast but wrong says so. */
+ * ROWS 32 keeps the matrix in cache (36 KB of Q4_K, 53 KB of Q6_K at k = 2048: the kernels'
+ * compute speed); 400000 rows (~0.45 GiB) streams it from memory. NMAT > 1 copies of the matrix
+ * run one after another with all threads (a barrier after each, as the model's stages do), e.g.
+ * 1536 rows x 300 (0.5 GiB of expert-sized gate+up pairs) streams model-sized calls from memory.
+ * Prints GB/s of weight bytes per side, and whether each side's output is bitwise equal to the
+ * reference gemm (quant.c) — a kernel that is fast but wrong says so. THREADS should not exceed
+ * the cores: the workers spin. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,12 +21,11 @@
 
 #include "common.h"
 #include "cpu/repack.h"
-#include "quant.h"
 #include "gemm_job.h"
+#include "quant.h"
 
 quant_gemm_fn repack_gemm_avx512_A(uint32_t type);
 quant_gemm_fn repack_gemm_avx512_B(uint32_t type);
-
 
 /* Worker threads persist and spin between passes (a pass over a 1-5 MB matrix, as the model's
  * calls are, takes 20-100 us: thread creation per pass would dominate it). */
@@ -76,13 +77,16 @@ static void *huge_alloc(size_t n) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q6_k THREADS [K]\n");
+        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q6_k THREADS [K] [NMAT]\n");
         return 2;
     }
     const int rows = atoi(argv[1]), nt = atoi(argv[2]), nth = DT_MIN(16, atoi(argv[4]));
     const uint32_t type = !strcmp(argv[3], "q6_k") ? QT_Q6_K : QT_Q4_K;
     const int k = argc > 5 ? atoi(argv[5]) : 2048, nmat = argc > 6 ? atoi(argv[6]) : 1;
-    DT_ASSERT(rows > 0 && nt > 0 && nth > 0 && k > 0 && k % QK_K == 0 && nmat > 0);
+    if (rows <= 0 || nt <= 0 || nth <= 0 || (rows + 15) / 16 < nth || k <= 0 || k % QK_K || nmat <= 0) {
+        fprintf(stderr, "ab_kernel: need ROWS >= 16 x THREADS, NTOK > 0, K a multiple of %d, NMAT > 0\n", QK_K);
+        return 2;
+    }
     const quant_traits *tr = quant_traits_of(type);
     const size_t rb = quant_row_bytes(type, k), rpm = repack_bytes(type, rows, k), gb = repack_group_bytes(type, k);
     /* random blocks with small fp16 scales (bits 0x2000-0x23ff: ~0.008-0.016), so sums stay finite */
@@ -120,7 +124,11 @@ int main(int argc, char **argv) {
     static team tm;
     tm.nth = nth;
     pthread_t th[16];
-    for (int i = 1; i < nth; i++) pthread_create(&th[i], NULL, worker, &tm);
+    for (int i = 1; i < nth; i++)
+        if (pthread_create(&th[i], NULL, worker, &tm)) {
+            fprintf(stderr, "ab_kernel: cannot start thread %d\n", i);
+            return 1;
+        }
     double best[2] = {1e30, 1e30};
     const double total = (double)rpm * nmat;
     const int reps = (int)(2e8 / total) + 1, rounds = total > 1e8 ? 8 : 30;

@@ -57,7 +57,6 @@ static void big_free(void *q, size_t n) {
     munmap(q, (n + al - 1) / al * al);
 }
 
-
 /* One pass with nth threads over all rows; returns seconds. */
 static double pass(quant_gemm_fn fn, const void *w, size_t stride, int rows, int k, const void *act, size_t ab,
                    int n_tok, float *out, int nth) {

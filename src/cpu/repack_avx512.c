@@ -30,7 +30,7 @@
  * find the block in L1. The 16 rows' scales are decoded in registers per chunk (no gathers).
  * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
- * q6k_one); in L1 it runs ~30% faster than the chunk kernel at T = 1 (bench/ab_kernel.sh).
+ * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
  * The matrix is one sequential stream per group, software-prefetched RP_PF_DIST bytes ahead:
  * at n_tok = 1 the kernel runs at DRAM speed. */
 #include <immintrin.h>
@@ -191,8 +191,8 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
 /* One token against one Q4_K block B, returning the updated accumulator: the same integer sums
  * and fp32 chain as q4k_tokens(1, ...), but the 8 sub-block sums run as 8 interleaved chains
  * (vector i of all four pairs, then i+1, ...), so each chain's next vpdpbusd comes 8
- * instructions later and a small window keeps both multiply pipes busy (in L1: +3% over the
- * pair-by-pair order; at T >= 2 the tokens' chains interleave already, and this order is slower). */
+ * instructions later (in L1 a few % faster than the pair-by-pair order, near the A/B tool's
+ * noise; at T = 2-3 this order was slower, so the multi-token kernels keep theirs). */
 AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     __m512i se[4], so[4];
@@ -398,18 +398,19 @@ static void gemm_rp(const int type, GEMM_ARGS) {
                 const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
                 (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, end, acc);
             } else {
-            if (is6) prefetch_block(G, hdr, end);
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *B = G + hdr + (size_t)b * bb;
-                prefetch_block(B, bb, end);
-                /* chunks of up to 8 tokens; the block stays in L1 between them */
-                for (int tc = 0; tc < nt; tc += TCH) {
-                    const int n = DT_MIN(TCH, nt - tc);
-                    for (int t = 0; t < n; t++)
-                        y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
-                    tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc);
+                if (is6) prefetch_block(G, hdr, end);
+                for (int b = 0; b < nb; b++) {
+                    const uint8_t *B = G + hdr + (size_t)b * bb;
+                    prefetch_block(B, bb, end);
+                    /* chunks of up to 8 tokens; the block stays in L1 between them */
+                    for (int tc = 0; tc < nt; tc += TCH) {
+                        const int n = DT_MIN(TCH, nt - tc);
+                        for (int t = 0; t < n; t++)
+                            y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
+                                                                     (size_t)(ts + tc + t) * act_bytes) + b;
+                        tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc);
+                    }
                 }
-            }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
             const __mmask16 m = (__mmask16)((1u << nr) - 1u);
