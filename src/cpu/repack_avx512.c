@@ -140,6 +140,18 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
+/* The min term's M = sum_j m_j * (bsum_2j + bsum_2j+1) of one token, 16 rows at once: mp[p]
+ * lane r = int16 (m_2p, m_2p+1) of row r (bytes_to_words of mlo / mhi). */
+AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
+    /* (bsum_2j + bsum_2j+1) for j = 0..7 as int16; dword p = pairs (2p, 2p+1) */
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y->bsums);
+    const __m128i bp = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
+    __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp[0], _mm512_broadcastd_epi32(bp));
+    M = _mm512_dpwssd_epi32(M, mp[1], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 1)));
+    M = _mm512_dpwssd_epi32(M, mp[2], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 2)));
+    return _mm512_dpwssd_epi32(M, mp[3], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
+}
+
 /* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats.
  * Sub-blocks go in pairs (2p, 2p+1) that share their quant bytes: each 64-byte vector Q is
  * loaded once and feeds both, as Q & 0x0f (sub-block 2p) and Q & 0xf0 = 16 q (2p+1, whose
@@ -169,18 +181,12 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
         }
     }
     const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    const __m512i mp0 = bytes_to_words(mlo, 0), mp1 = bytes_to_words(mlo, 1), mp2 = bytes_to_words(mhi, 0),
-                  mp3 = bytes_to_words(mhi, 1);
+    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
+                           bytes_to_words(mhi, 1)};
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        /* (bsum_2j + bsum_2j+1) for j = 0..7 as int16; dword p = pairs (2p, 2p+1) */
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y[t]->bsums);
-        const __m128i bp = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
-        __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp0, _mm512_broadcastd_epi32(bp));
-        M = _mm512_dpwssd_epi32(M, mp1, _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 1)));
-        M = _mm512_dpwssd_epi32(M, mp2, _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 2)));
-        M = _mm512_dpwssd_epi32(M, mp3, _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
+        const __m512i M = q4k_min_sum(mp, y[t]);
         __m512 a = _mm512_load_ps(acc + 16 * t);
         a = chain(a, d, y[t]->d, I[t]);
         a = chain_neg(a, dmin, y[t]->d, M);
@@ -212,12 +218,9 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a) {
         I = _mm512_add_epi32(I, _mm512_mullo_epi32(_mm512_srai_epi32(so[p], 4), byte_to_dword(sc, (2 * p + 1) & 3)));
     }
     const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y->bsums);
-    const __m128i bp = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
-    __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), bytes_to_words(mlo, 0), _mm512_broadcastd_epi32(bp));
-    M = _mm512_dpwssd_epi32(M, bytes_to_words(mlo, 1), _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 1)));
-    M = _mm512_dpwssd_epi32(M, bytes_to_words(mhi, 0), _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 2)));
-    M = _mm512_dpwssd_epi32(M, bytes_to_words(mhi, 1), _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
+    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
+                           bytes_to_words(mhi, 1)};
+    const __m512i M = q4k_min_sum(mp, y);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     return chain_neg(chain(a, d, y->d, I), dmin, y->d, M);
