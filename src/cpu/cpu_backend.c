@@ -12,6 +12,7 @@
 #include "cpu/attn.h"
 #include "cpu/claim.h"
 #include "cpu/cpu_quant.h"
+#include "cpu/prefetch.h"
 #include "cpu/prepared.h"
 #include "cpu/vec.h"
 #include "cpu/repack.h"
@@ -174,11 +175,11 @@ static int job_of(const cpu_state *st, int u, int hint) {
 
 /* Prefetches (to L2) the first JOB_PF_BYTES of the weights of unit u, so the kernel
  * that starts there does not wait a full memory latency for its first lines. */
-#define JOB_PF_BYTES 4096
+#define JOB_PF_BYTES CPU_PF_DIST /* what the kernel itself prefetches no earlier than its start */
 static void job_prefetch(const cpu_state *st, int u, int ji) {
     const gemm_job *j = &st->jobs[ji];
     const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
-    for (int o = 0; o < JOB_PF_BYTES; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    for (int o = 0; o < JOB_PF_BYTES; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
 }
 
 /* Every 16-row unit of every queued job, handed out by claim_next (cpu/claim.h: each thread

@@ -36,16 +36,17 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "cpu/prefetch.h"
 #include "cpu/repack.h"
 
 #define AI static inline __attribute__((always_inline))
 #define TCH 8   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
 #ifndef RP_PF_DIST
-#define RP_PF_DIST 4096 /* prefetch distance in the weight stream, bytes */
+#define RP_PF_DIST CPU_PF_DIST /* prefetch distance in the weight stream, bytes (cpu/prefetch.h) */
 #endif
 #ifndef RP_PF_HINT
-#define RP_PF_HINT _MM_HINT_T0
+#define RP_PF_HINT CPU_PF_HINT
 #endif
 
 #define GEMM_ARGS                                                                          \
