@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "cpu/prefetch.h"
 #include "engine.h"
 #include "pool.h"
 #include "sampler.h"
@@ -15,11 +16,13 @@ typedef struct bw_ctx {
     const uint8_t *buf;
     size_t bytes;
     int streams; /* interleaved sequential streams per thread */
+    int far;     /* prefetch into L2 CPU_PF_DIST ahead, else into L1 1 KiB ahead */
     uint64_t sink[64];
 } bw_ctx;
 
 /* Reads this thread's share of buf as `streams` interleaved sequential streams, 128 bytes
- * per stream per step, with 256-bit loads and software prefetch one KiB ahead. */
+ * per stream per step, with 256-bit loads and software prefetch (1 KiB ahead into L1, or
+ * the kernels' distance into L2). */
 __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
     bw_ctx *c = ctx;
     size_t per = c->bytes / (size_t)nth, base = per * (size_t)ith;
@@ -28,8 +31,13 @@ __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth)
     for (size_t i = 0; i < steps; i++)
         for (int s = 0; s < c->streams; s++) {
             const uint8_t *q = c->buf + base + (size_t)s * span + i * 128;
-            _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
-            _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);
+            if (c->far) {
+                _mm_prefetch((const char *)q + CPU_PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)q + CPU_PF_DIST + 64, _MM_HINT_T1);
+            } else {
+                _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
+                _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);
+            }
             const __m256i *p = (const __m256i *)q;
             a0 = _mm256_xor_si256(a0, _mm256_load_si256(p));
             a1 = _mm256_xor_si256(a1, _mm256_load_si256(p + 1));
@@ -61,20 +69,21 @@ bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     return p;
 }
 
-double bench_probe_run(bench_probe *p, int reps, double by_streams[4]) {
+double bench_probe_run(bench_probe *p, int reps, double by_streams[4], double by_prefetch[2]) {
     if (!p) return 0;
-    double best = 0;
-    for (int i = 0, streams = 1; streams <= 8; i++, streams *= 2) {
-        bw_ctx c = {p->buf, p->bytes, streams, {0}};
-        double best_s = 0;
-        for (int r = 0; r < reps; r++) {
+    double best = 0, bs[4] = {0}, bp[2] = {0};
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < 8; i++) {
+            bw_ctx c = {p->buf, p->bytes, 1 << (i >> 1), i & 1, {0}};
             double t0 = time_now();
             pool_run(p->pool, bw_task, &c);
-            best_s = DT_MAX(best_s, (double)p->bytes / (time_now() - t0) / 1e9);
+            double gb = (double)p->bytes / (time_now() - t0) / 1e9;
+            bs[i >> 1] = DT_MAX(bs[i >> 1], gb);
+            bp[i & 1] = DT_MAX(bp[i & 1], gb);
+            best = DT_MAX(best, gb);
         }
-        if (by_streams) by_streams[i] = best_s;
-        best = DT_MAX(best, best_s);
-    }
+    if (by_streams) memcpy(by_streams, bs, sizeof bs);
+    if (by_prefetch) memcpy(by_prefetch, bp, sizeof bp);
     return best;
 }
 
@@ -317,15 +326,15 @@ int bench_cmd(int argc, char **argv) {
     /* one buffer for every probe of the run: allocating and faulting 1 GiB before each row
      * would itself disturb the row (page zeroing, and the VM host reclaiming freed memory) */
     bench_probe *probe = bench_probe_create(threads, (size_t)1 << 30);
-    double by_streams[4] = {0};
-    double bw = bench_probe_run(probe, 3, by_streams);
+    double by_streams[4] = {0}, by_prefetch[2] = {0};
+    double bw = bench_probe_run(probe, 3, by_streams, by_prefetch);
     uint64_t bpt = model_bytes_per_token(m);
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\nbackend: %s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, e->be->describe(e->be_state), arena);
-    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, prefetch, 1 GiB on huge pages, best of 12): %.2f GB/s\n", threads,
-           threads > 1 ? "s" : "", bw);
-    printf("  best by streams per thread: 1: %.2f, 2: %.2f, 4: %.2f, 8: %.2f GB/s (the bound uses the best)\n",
-           by_streams[0], by_streams[1], by_streams[2], by_streams[3]);
+    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, prefetch to L1 1 KiB or to L2 %d KiB ahead, 1 GiB on huge pages, best of 24): %.2f GB/s\n",
+           threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, bw);
+    printf("  best by streams per thread: 1: %.2f, 2: %.2f, 4: %.2f, 8: %.2f GB/s; by prefetch: L1 %.2f, L2 %.2f GB/s (the bound uses the best)\n",
+           by_streams[0], by_streams[1], by_streams[2], by_streams[3], by_prefetch[0], by_prefetch[1]);
     printf("weights read per decoded token (solo): %.1f MiB -> bandwidth bound %.1f tok/s\n\n", bpt / 1048576.0,
            bw * 1e9 / (double)bpt);
     /* warm the weights into the page cache, then prefill */
@@ -356,9 +365,9 @@ int bench_cmd(int argc, char **argv) {
             int S = u ? 1 : streams[i];
             engine *eng = u ? eu : e;
             if (!u && unify && S == 1) continue; /* shown as the unify row */
-            double bw0 = bench_probe_run(probe, 1, NULL);
+            double bw0 = bench_probe_run(probe, 1, NULL, NULL);
             if (decode_run(eng, S, plen, gen, 1000 + (uint64_t)i, &r, &err) < 0) goto fail;
-            double bwa = DT_MAX(bw0, bench_probe_run(probe, 1, NULL));
+            double bwa = DT_MAX(bw0, bench_probe_run(probe, 1, NULL, NULL));
             printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% | %.1f | %.0f%% |\n", S,
                    u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
                    r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw, bwa, 100.0 * r.gbs / bwa);
