@@ -18,13 +18,14 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "cpu/prefetch.h"
 #include "cpu/repack.h"
 
 #define AI static inline __attribute__((always_inline))
 #define TCH 4   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
 #ifndef RP_PF_DIST
-#define RP_PF_DIST 4096
+#define RP_PF_DIST CPU_PF_DIST /* prefetch distance in the weight stream, bytes (cpu/prefetch.h) */
 #endif
 
 #define GEMM_ARGS                                                                          \
@@ -70,8 +71,12 @@ AI __m256i bytes_to_words(__m256i v, int h) {
     return _mm256_shuffle_epi8(v, idx);
 }
 
-AI void prefetch_block(const uint8_t *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + RP_PF_DIST + o, _MM_HINT_T0);
+/* Prefetches the `bytes` that lie RP_PF_DIST ahead of p, where they are still inside this
+ * call's rows (beyond `end` is another matrix: the caller prefetches the next call's start). */
+AI void prefetch_block(const uint8_t *p, size_t bytes, const uint8_t *end) {
+    const uint8_t *q = p + RP_PF_DIST;
+    if (q + bytes <= end)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);
 }
 
 /* ---- Q4_K (half h = rows 8h .. 8h+7) ---------------------------------------------------------- */
@@ -208,16 +213,17 @@ static void gemm_rp(const int type, GEMM_ARGS) {
     const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
+    const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
     for (int ts = 0; ts < n_tok; ts += TSUP) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6) prefetch_block(G, hdr);
+            if (is6) prefetch_block(G, hdr, end);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
-                prefetch_block(B, bb);
+                prefetch_block(B, bb, end);
                 for (int h = 0; h < 2; h++)
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);
