@@ -173,13 +173,15 @@ static int job_of(const cpu_state *st, int u, int hint) {
     return hint;
 }
 
-/* Prefetches (to L2) the first JOB_PF_BYTES of the weights of unit u, so the kernel
- * that starts there does not wait a full memory latency for its first lines. */
-#define JOB_PF_BYTES CPU_PF_DIST /* what the kernel itself prefetches no earlier than its start */
+/* Prefetches (to L2) the first JOB_PF_BYTES of the weights from unit u on, at most to the
+ * end of its job, so the kernel that starts there does not wait a full memory latency for its
+ * first lines (its own prefetch runs JOB_PF_BYTES ahead of it). */
+#define JOB_PF_BYTES CPU_PF_DIST
 static void job_prefetch(const cpu_state *st, int u, int ji) {
     const gemm_job *j = &st->jobs[ji];
     const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
-    for (int o = 0; o < JOB_PF_BYTES; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
+    const size_t n = DT_MIN((size_t)JOB_PF_BYTES, (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
 }
 
 /* Every 16-row unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
