@@ -32,8 +32,8 @@ __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth)
         for (int s = 0; s < c->streams; s++) {
             const uint8_t *q = c->buf + base + (size_t)s * span + i * 128;
             if (c->far) {
-                _mm_prefetch((const char *)q + CPU_PF_DIST, _MM_HINT_T1);
-                _mm_prefetch((const char *)q + CPU_PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)q + CPU_PF_DIST, CPU_PF_HINT);
+                _mm_prefetch((const char *)q + CPU_PF_DIST + 64, CPU_PF_HINT);
             } else {
                 _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
                 _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);

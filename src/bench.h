@@ -11,7 +11,7 @@ int bench_cmd(int argc, char **argv);
 /* A read-bandwidth probe: a buffer of `bytes` (on huge pages where available, touched once)
  * and n_threads threads. bench_probe_run returns GB/s: wide vector loads over the buffer as
  * 1, 2, 4 and 8 interleaved streams per thread, each with software prefetch into L1 1 KiB ahead
- * and into L2 32 KiB ahead (as the kernels do), best of `reps` each, and the best of all eight;
+ * and as the kernels do (cpu/prefetch.h: into L2, 32 KiB ahead), best of `reps` each, and the best of all eight;
  * by_streams / by_prefetch (may be NULL) get the best per stream count / per prefetch.
  * NULL / 0 if out of memory. */
 typedef struct bench_probe bench_probe;

@@ -12,8 +12,19 @@
 #define DITTO_CPU_PREFETCH_H
 
 #include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #define CPU_PF_DIST 32768      /* bytes ahead in the weight stream */
 #define CPU_PF_HINT _MM_HINT_T1
+
+/* Prefetches the `bytes` that lie CPU_PF_DIST ahead of p, where they are still before `end`
+ * (the end of the call's rows: beyond is another matrix, whose start the caller prefetches). */
+static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8_t *p, size_t bytes,
+                                                                     const uint8_t *end) {
+    const uint8_t *q = p + CPU_PF_DIST;
+    if (q + bytes <= end)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);
+}
 
 #endif

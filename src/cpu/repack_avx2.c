@@ -24,9 +24,6 @@
 #define AI static inline __attribute__((always_inline))
 #define TCH 4   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
-#ifndef RP_PF_DIST
-#define RP_PF_DIST CPU_PF_DIST /* prefetch distance in the weight stream, bytes (cpu/prefetch.h) */
-#endif
 
 #define GEMM_ARGS                                                                          \
     const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,             \
@@ -69,14 +66,6 @@ AI __m256i bytes_to_words(__m256i v, int h) {
     const __m256i idx = _mm256_setr_epi32((int)0x80018000 + o, (int)0x80058004 + o, (int)0x80098008 + o, (int)0x800d800c + o,
                                           (int)0x80018000 + o, (int)0x80058004 + o, (int)0x80098008 + o, (int)0x800d800c + o);
     return _mm256_shuffle_epi8(v, idx);
-}
-
-/* Prefetches the `bytes` that lie RP_PF_DIST ahead of p, where they are still inside this
- * call's rows (beyond `end` is another matrix: the caller prefetches the next call's start). */
-AI void prefetch_block(const uint8_t *p, size_t bytes, const uint8_t *end) {
-    const uint8_t *q = p + RP_PF_DIST;
-    if (q + bytes <= end)
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);
 }
 
 /* ---- Q4_K (half h = rows 8h .. 8h+7) ---------------------------------------------------------- */
@@ -220,10 +209,10 @@ static void gemm_rp(const int type, GEMM_ARGS) {
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6) prefetch_block(G, hdr, end);
+            if (is6) cpu_prefetch_ahead(G, hdr, end);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
-                prefetch_block(B, bb, end);
+                cpu_prefetch_ahead(B, bb, end);
                 for (int h = 0; h < 2; h++)
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);

@@ -31,8 +31,8 @@
  * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
- * The matrix is one sequential stream per group, software-prefetched RP_PF_DIST bytes ahead:
- * at n_tok = 1 the kernel runs at DRAM speed. */
+ * The matrix is one sequential stream per group, software-prefetched into L2 CPU_PF_DIST bytes
+ * ahead (cpu/prefetch.h): at n_tok = 1 the kernel runs at DRAM speed. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -42,12 +42,6 @@
 #define AI static inline __attribute__((always_inline))
 #define TCH 8   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
-#ifndef RP_PF_DIST
-#define RP_PF_DIST CPU_PF_DIST /* prefetch distance in the weight stream, bytes (cpu/prefetch.h) */
-#endif
-#ifndef RP_PF_HINT
-#define RP_PF_HINT CPU_PF_HINT
-#endif
 
 #define GEMM_ARGS                                                                          \
     const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,             \
@@ -72,14 +66,6 @@ AI __m512i dp_bcast(__m512i acc, __m512i W, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(W), "m"(*(const bytes4 *)(const void *)p));
     return acc;
 #endif
-}
-
-/* Prefetches the `bytes` that lie RP_PF_DIST ahead of p, where they are still inside this
- * call's rows (beyond `end` is another matrix: the caller prefetches the next call's start). */
-AI void prefetch_block(const uint8_t *p, size_t bytes, const uint8_t *end) {
-    const uint8_t *q = p + RP_PF_DIST;
-    if (q + bytes <= end)
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, RP_PF_HINT);
 }
 
 /* acc = fma(d*da, (float)I, acc) per lane — the reference's two roundings. */
@@ -365,7 +351,7 @@ static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const
     __m512 a = _mm512_load_ps(acc);
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        prefetch_block(B, RP_Q4K_BLOCK, end);
+        cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end);
         a = q4k_one(B, y + b, a);
     }
     _mm512_store_ps(acc, a);
@@ -373,11 +359,11 @@ static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const
 static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
                                                   float *acc) {
     const size_t hdr = rp_q6k_header(nb);
-    prefetch_block(G, hdr, end);
+    cpu_prefetch_ahead(G, hdr, end);
     __m512 a = _mm512_load_ps(acc);
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
-        prefetch_block(B, RP_Q6K_BLOCK, end);
+        cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end);
         a = q6k_one(B, G + 32 * b, y + b, a);
     }
     _mm512_store_ps(acc, a);
@@ -402,10 +388,10 @@ static void gemm_rp(const int type, GEMM_ARGS) {
                 const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
                 (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, end, acc);
             } else {
-                if (is6) prefetch_block(G, hdr, end);
+                if (is6) cpu_prefetch_ahead(G, hdr, end);
                 for (int b = 0; b < nb; b++) {
                     const uint8_t *B = G + hdr + (size_t)b * bb;
-                    prefetch_block(B, bb, end);
+                    cpu_prefetch_ahead(B, bb, end);
                     /* chunks of up to 8 tokens; the block stays in L1 between them */
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);
