@@ -16,13 +16,13 @@ typedef struct bw_ctx {
     const uint8_t *buf;
     size_t bytes;
     int streams; /* interleaved sequential streams per thread */
-    int far;     /* prefetch into L2 CPU_PF_DIST ahead, else into L1 1 KiB ahead */
+    int pf;      /* software prefetch: 0 none, 1 into L1 1 KiB ahead, 2 into L2 CPU_PF_DIST ahead */
     uint64_t sink[64];
 } bw_ctx;
 
 /* Reads this thread's share of buf as `streams` interleaved sequential streams, 128 bytes
- * per stream per step, with 256-bit loads and software prefetch (1 KiB ahead into L1, or
- * the kernels' distance into L2). */
+ * per stream per step, with 256-bit loads and no software prefetch (the hardware's alone), or
+ * 1 KiB ahead into L1, or the kernels' distance into L2. */
 __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
     bw_ctx *c = ctx;
     size_t per = c->bytes / (size_t)nth, base = per * (size_t)ith;
@@ -31,10 +31,10 @@ __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth)
     for (size_t i = 0; i < steps; i++)
         for (int s = 0; s < c->streams; s++) {
             const uint8_t *q = c->buf + base + (size_t)s * span + i * 128;
-            if (c->far) {
+            if (c->pf == 2) {
                 _mm_prefetch((const char *)q + CPU_PF_DIST, CPU_PF_HINT);
                 _mm_prefetch((const char *)q + CPU_PF_DIST + 64, CPU_PF_HINT);
-            } else {
+            } else if (c->pf == 1) {
                 _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
                 _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);
             }
@@ -69,21 +69,19 @@ bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     return p;
 }
 
-double bench_probe_run(bench_probe *p, int reps, double by_streams[4], double by_prefetch[2]) {
+double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERNS]) {
     if (!p) return 0;
-    double best = 0, bs[4] = {0}, bp[2] = {0};
+    double best = 0, bp[BENCH_PATTERNS] = {0};
     for (int r = 0; r < reps; r++)
-        for (int i = 0; i < 8; i++) {
-            bw_ctx c = {p->buf, p->bytes, 1 << (i >> 1), i & 1, {0}};
+        for (int i = 0; i < BENCH_PATTERNS; i++) {
+            bw_ctx c = {p->buf, p->bytes, 1 << (i / 3), i % 3, {0}};
             double t0 = time_now();
             pool_run(p->pool, bw_task, &c);
             double gb = (double)p->bytes / (time_now() - t0) / 1e9;
-            bs[i >> 1] = DT_MAX(bs[i >> 1], gb);
-            bp[i & 1] = DT_MAX(bp[i & 1], gb);
+            bp[i] = DT_MAX(bp[i], gb);
             best = DT_MAX(best, gb);
         }
-    if (by_streams) memcpy(by_streams, bs, sizeof bs);
-    if (by_prefetch) memcpy(by_prefetch, bp, sizeof bp);
+    if (by_pattern) memcpy(by_pattern, bp, sizeof bp);
     return best;
 }
 
@@ -195,6 +193,7 @@ static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_
     return 0;
 }
 
+
 static double median(double *v, int n) {
     for (int i = 1; i < n; i++) /* insertion sort: n <= 100 */
         for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
@@ -203,6 +202,43 @@ static double median(double *v, int n) {
             v[j - 1] = t;
         }
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One solo stream, n decode steps, each followed at once by one pass of the probe's
+ * patterns: the step's read rate over the best pattern's, per pair, so both see the same
+ * moment of a machine whose bandwidth drifts within seconds. Median and quartiles of the
+ * n ratios into q[3] (in %), the median ratio to each pattern alone into by_pattern, the
+ * median step's tok/s into *tps. */
+static int paired_run(engine *e, bench_probe *probe, int plen, int n, double q[3], double by_pattern[BENCH_PATTERNS],
+                      double *tps,
+                      ditto_err *err) {
+    uint64_t rng = 77;
+    int32_t tok, pos = plen, sl = kv_slot_acquire(e->kv);
+    uint8_t want = 1;
+    if (prefill(e, sl, plen, &rng, &tok, err) < 0) return -1;
+    double r[100], t[100], rp[BENCH_PATTERNS][100];
+    for (int i = 0; i < n; i++) {
+        uint64_t w0, k0, w1, k1;
+        e->be->counters(e->be_state, &w0, &k0);
+        engine_batch b = {1, &tok, &pos, &sl, &want};
+        double t0 = time_now();
+        if (engine_forward(e, &b, err) < 0) return -1;
+        double dt = time_now() - t0;
+        e->be->counters(e->be_state, &w1, &k1);
+        tok = sampler_argmax(e->logits, e->m->hp.n_vocab);
+        pos++;
+        double gbs = (double)(w1 - w0 + k1 - k0) / dt / 1e9;
+        double pat[BENCH_PATTERNS];
+        r[i] = 100.0 * gbs / bench_probe_run(probe, 1, pat);
+        for (int j = 0; j < BENCH_PATTERNS; j++) rp[j][i] = 100.0 * gbs / pat[j];
+        t[i] = 1.0 / dt;
+    }
+    for (int j = 0; j < BENCH_PATTERNS; j++) by_pattern[j] = median(rp[j], n);
+    kv_slot_release(e->kv, sl);
+    median(r, n); /* sorts */
+    q[0] = r[n / 4], q[1] = median(r, n), q[2] = r[(3 * n) / 4];
+    *tps = median(t, n);
+    return 0;
 }
 
 /* Medians over the repeats; the ratio to solo pairs each repeat's row with that repeat's
@@ -262,7 +298,7 @@ static void print_profile(const bench_row *rows, int n) {
 
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
-    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1, repeat = 1;
+    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1, repeat = 1, paired = 0;
     bool unify = false, profile = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -281,10 +317,12 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--repeat") && has) {
             if (cli_int("bench", a, argv[++i], 1, 100, &repeat)) return 2;
+        } else if (!strcmp(a, "--paired") && has) {
+            if (cli_int("bench", a, argv[++i], 0, 100, &paired)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R] [--paired N] [--profile]\n");
             return 2;
         }
     }
@@ -302,7 +340,7 @@ int bench_cmd(int argc, char **argv) {
     engine_opts_default(&o);
     o.n_threads = threads;
     o.max_streams = max_s;
-    o.ctx = plen + gen + 1;
+    o.ctx = plen + DT_MAX(gen, paired) + 1;
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, 512));
     o.profile = profile;
     engine *e = NULL, *eu = NULL;
@@ -326,15 +364,17 @@ int bench_cmd(int argc, char **argv) {
     /* one buffer for every probe of the run: allocating and faulting 1 GiB before each row
      * would itself disturb the row (page zeroing, and the VM host reclaiming freed memory) */
     bench_probe *probe = bench_probe_create(threads, (size_t)1 << 30);
-    double by_streams[4] = {0}, by_prefetch[2] = {0};
-    double bw = bench_probe_run(probe, 3, by_streams, by_prefetch);
+    double pat[BENCH_PATTERNS] = {0};
+    double bw = bench_probe_run(probe, 3, pat);
     uint64_t bpt = model_bytes_per_token(m);
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\nbackend: %s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, e->be->describe(e->be_state), arena);
-    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, prefetch to L1 1 KiB or to L2 %d KiB ahead, 1 GiB on huge pages, best of 24): %.2f GB/s\n",
-           threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, bw);
-    printf("  best by streams per thread: 1: %.2f, 2: %.2f, 4: %.2f, 8: %.2f GB/s; by prefetch: L1 %.2f, L2 %.2f GB/s (the bound uses the best)\n",
-           by_streams[0], by_streams[1], by_streams[2], by_streams[3], by_prefetch[0], by_prefetch[1]);
+    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or to L2 %d KiB ahead, 1 GiB on huge pages, best of %d): %.2f GB/s\n",
+           threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, 3 * BENCH_PATTERNS, bw);
+    printf("  by streams per thread, prefetch none / L1 / L2:");
+    for (int i = 0; i < BENCH_PATTERNS; i += 3)
+        printf("%s %d: %.2f / %.2f / %.2f", i ? "," : "", 1 << (i / 3), pat[i], pat[i + 1], pat[i + 2]);
+    printf(" GB/s (the bound uses the best)\n");
     printf("weights read per decoded token (solo): %.1f MiB -> bandwidth bound %.1f tok/s\n\n", bpt / 1048576.0,
            bw * 1e9 / (double)bpt);
     /* warm the weights into the page cache, then prefill */
@@ -350,7 +390,7 @@ int bench_cmd(int argc, char **argv) {
     printf("prefill: %d tokens in %.3f s = %.1f tok/s (chunks of %d)\n\n", plen, tp, plen / tp, o.max_rows);
     /* "% of bw" is against the probe above; the machine's bandwidth drifts (a shared VM
      * swings by tens of percent over minutes), so each row is also compared with a probe
-     * run right before and right after it (best of 4 each): "% of adj." uses the larger. */
+     * run right before and right after it (one pass of each pattern): "% of adj." uses the larger. */
     printf("| streams | path | step ms | aggregate tok/s | per-stream tok/s | weight MiB/step | KV MiB/step | GB/s | %% of bw | adj. probe GB/s | %% of adj. |\n");
     printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     double agg[17][100], adj[17][100], prb[17][100]; /* [row][repeat] */
@@ -365,9 +405,9 @@ int bench_cmd(int argc, char **argv) {
             int S = u ? 1 : streams[i];
             engine *eng = u ? eu : e;
             if (!u && unify && S == 1) continue; /* shown as the unify row */
-            double bw0 = bench_probe_run(probe, 1, NULL, NULL);
+            double bw0 = bench_probe_run(probe, 1, NULL);
             if (decode_run(eng, S, plen, gen, 1000 + (uint64_t)i, &r, &err) < 0) goto fail;
-            double bwa = DT_MAX(bw0, bench_probe_run(probe, 1, NULL, NULL));
+            double bwa = DT_MAX(bw0, bench_probe_run(probe, 1, NULL));
             printf("| %d | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f | %.0f%% | %.1f | %.0f%% |\n", S,
                    u ? "unify (batched)" : (S == 1 ? "solo" : "batched"), r.step_ms, r.agg, r.per_stream,
                    r.wbytes / 1048576.0, r.kvbytes / 1048576.0, r.gbs, 100.0 * r.gbs / bw, bwa, 100.0 * r.gbs / bwa);
@@ -381,6 +421,17 @@ int bench_cmd(int argc, char **argv) {
     }
     if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj, prb);
     if (profile) print_profile(first, rows);
+    if (paired) {
+        double q[3], rp[BENCH_PATTERNS], tps;
+        if (paired_run(e, probe, plen, paired, q, rp, &tps, &err) < 0) goto fail;
+        printf("\npaired solo (%d decode steps, each followed by one pass of the probe's %d patterns): step read rate "
+               "%% of the best pattern right after it: median %.0f%% (quartiles %.0f%%, %.0f%%); median step %.2f tok/s\n",
+               paired, BENCH_PATTERNS, q[1], q[0], q[2], tps);
+        printf("  median %% of each pattern alone, by streams per thread, prefetch none / L1 / L2:");
+        for (int i = 0; i < BENCH_PATTERNS; i += 3)
+            printf("%s %d: %.0f / %.0f / %.0f", i ? "," : "", 1 << (i / 3), rp[i], rp[i + 1], rp[i + 2]);
+        printf("\n");
+    }
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

@@ -10,13 +10,15 @@ int bench_cmd(int argc, char **argv);
 
 /* A read-bandwidth probe: a buffer of `bytes` (on huge pages where available, touched once)
  * and n_threads threads. bench_probe_run returns GB/s: wide vector loads over the buffer as
- * 1, 2, 4 and 8 interleaved streams per thread, each with software prefetch into L1 1 KiB ahead
- * and as the kernels do (cpu/prefetch.h: into L2, 32 KiB ahead), best of `reps` each, and the best of all eight;
- * by_streams / by_prefetch (may be NULL) get the best per stream count / per prefetch.
+ * 1, 2, 4 and 8 interleaved streams per thread, each with no software prefetch, with prefetch
+ * into L1 1 KiB ahead, and as the kernels do (cpu/prefetch.h: into L2, 32 KiB ahead): best of
+ * `reps` each, and the best of all twelve patterns; by_pattern (may be NULL) gets each
+ * pattern's best: index 3*log2(streams) + (0 none, 1 L1, 2 L2).
  * NULL / 0 if out of memory. */
+#define BENCH_PATTERNS 12
 typedef struct bench_probe bench_probe;
 bench_probe *bench_probe_create(int n_threads, size_t bytes);
-double bench_probe_run(bench_probe *p, int reps, double by_streams[4], double by_prefetch[2]);
+double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERNS]);
 void bench_probe_free(bench_probe *p);
 
 #endif

@@ -27,4 +27,13 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
         for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);
 }
 
+/* Prefetches into L1 the `bytes` that follow the block [p, p + bytes) (the next block of the
+ * stream, already in L2 by cpu_prefetch_ahead), where they are still before `end`. */
+static inline __attribute__((always_inline)) void cpu_prefetch_next(const uint8_t *p, size_t bytes,
+                                                                    const uint8_t *end) {
+    const uint8_t *q = p + bytes;
+    if (q + bytes <= end)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, _MM_HINT_T0);
+}
+
 #endif
