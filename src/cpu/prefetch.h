@@ -7,7 +7,11 @@
  * VM's slow phases that took long enough to stall the stream. Into L2 the kernel read 29-32;
  * 24-64 KiB ahead was one plateau, 12 KiB fell off (about a microsecond of lead at the
  * ~16 GB/s a thread streams). bench/cpu-speed.md, seventh session. 32 KiB per thread is a
- * small part of any x86 core's L2 (256 KiB or more). */
+ * small part of any x86 core's L2 (256 KiB or more).
+ *
+ * The one-token kernels also pull the next block from L2 into L1 (cpu_prefetch_next) while they
+ * compute the current one: 1.05-1.13x from memory in-process (Q4_K and Q6_K, eighth session);
+ * at 6 tokens it cost 5-11% (each block is computed longer there, its lines arrive in time). */
 #ifndef DITTO_CPU_PREFETCH_H
 #define DITTO_CPU_PREFETCH_H
 

@@ -32,7 +32,8 @@
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
  * The matrix is one sequential stream per group, software-prefetched into L2 CPU_PF_DIST bytes
- * ahead (cpu/prefetch.h): at n_tok = 1 the kernel runs at DRAM speed. */
+ * ahead (cpu/prefetch.h); at n_tok = 1 the next block also into L1 while the current one is
+ * computed. */
 #include <immintrin.h>
 #include <string.h>
 
