@@ -204,41 +204,66 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* One solo stream, n decode steps, each followed at once by one pass of the probe's
- * patterns: the step's read rate over the best pattern's, per pair, so both see the same
- * moment of a machine whose bandwidth drifts within seconds. Median and quartiles of the
- * n ratios into q[3] (in %), the median ratio to each pattern alone into by_pattern, the
- * median step's tok/s into *tps. */
-static int paired_run(engine *e, bench_probe *probe, int plen, int n, double q[3], double by_pattern[BENCH_PATTERNS],
-                      double *tps,
+/* Paired solo steps: one stream decodes n steps on each engine of eng[0..n_eng) in turn (the
+ * solo path, then the unify path where given), each step followed at once by one pass of the
+ * probe's patterns: the step's read rate over the best pattern's, per pair, so both see the
+ * same moment of a machine whose bandwidth drifts within seconds. Per engine: median and
+ * quartiles of the ratios (in %) into q, the median ratio to each pattern alone into
+ * by_pattern, the median step's tok/s into tps; *ratio_med = median over the steps of
+ * (engine 1's ratio / engine 0's). Both engines decode the same tokens; *same = whether every
+ * step's logits were bitwise equal between them. */
+typedef struct paired_out {
+    double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
+    bool same;
+} paired_out;
+
+static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int plen, int n, paired_out *po,
                       ditto_err *err) {
-    uint64_t rng = 77;
-    int32_t tok, pos = plen, sl = kv_slot_acquire(e->kv);
+    int32_t tok[2], pos[2], sl[2];
     uint8_t want = 1;
-    if (prefill(e, sl, plen, &rng, &tok, err) < 0) return -1;
-    double r[100], t[100], rp[BENCH_PATTERNS][100];
-    for (int i = 0; i < n; i++) {
-        uint64_t w0, k0, w1, k1;
-        e->be->counters(e->be_state, &w0, &k0);
-        engine_batch b = {1, &tok, &pos, &sl, &want};
-        double t0 = time_now();
-        if (engine_forward(e, &b, err) < 0) return -1;
-        double dt = time_now() - t0;
-        e->be->counters(e->be_state, &w1, &k1);
-        tok = sampler_argmax(e->logits, e->m->hp.n_vocab);
-        pos++;
-        double gbs = (double)(w1 - w0 + k1 - k0) / dt / 1e9;
-        double pat[BENCH_PATTERNS];
-        r[i] = 100.0 * gbs / bench_probe_run(probe, 1, pat);
-        for (int j = 0; j < BENCH_PATTERNS; j++) rp[j][i] = 100.0 * gbs / pat[j];
-        t[i] = 1.0 / dt;
+    float *first = xmalloc(sizeof(float) * (size_t)eng[0]->m->hp.n_vocab);
+    for (int k = 0; k < n_eng; k++) {
+        uint64_t rng = 77;
+        sl[k] = kv_slot_acquire(eng[k]->kv);
+        pos[k] = plen;
+        if (prefill(eng[k], sl[k], plen, &rng, &tok[k], err) < 0) goto fail;
     }
-    for (int j = 0; j < BENCH_PATTERNS; j++) by_pattern[j] = median(rp[j], n);
-    kv_slot_release(e->kv, sl);
-    median(r, n); /* sorts */
-    q[0] = r[n / 4], q[1] = median(r, n), q[2] = r[(3 * n) / 4];
-    *tps = median(t, n);
+    static double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100];
+    po->same = true;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n_eng; k++) {
+            engine *e = eng[k];
+            uint64_t w0, k0, w1, k1;
+            e->be->counters(e->be_state, &w0, &k0);
+            engine_batch b = {1, &tok[k], &pos[k], &sl[k], &want};
+            double t0 = time_now();
+            if (engine_forward(e, &b, err) < 0) goto fail;
+            double dt = time_now() - t0;
+            e->be->counters(e->be_state, &w1, &k1);
+            const int V = e->m->hp.n_vocab;
+            if (k == 0) memcpy(first, e->logits, sizeof(float) * (size_t)V);
+            else po->same = po->same && !memcmp(first, e->logits, sizeof(float) * (size_t)V);
+            tok[k] = sampler_argmax(e->logits, V);
+            pos[k]++;
+            double gbs = (double)(w1 - w0 + k1 - k0) / dt / 1e9, pat[BENCH_PATTERNS];
+            r[k][i] = 100.0 * gbs / bench_probe_run(probe, 1, pat);
+            for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs / pat[j];
+            t[k][i] = 1.0 / dt;
+            if (k == 1) x[i] = r[1][i] / r[0][i];
+        }
+    for (int k = 0; k < n_eng; k++) {
+        kv_slot_release(eng[k]->kv, sl[k]);
+        for (int j = 0; j < BENCH_PATTERNS; j++) po->by_pattern[k][j] = median(rp[k][j], n);
+        po->q[k][1] = median(r[k], n); /* sorts */
+        po->q[k][0] = r[k][n / 4], po->q[k][2] = r[k][(3 * n) / 4];
+        po->tps[k] = median(t[k], n);
+    }
+    po->ratio_med = n_eng > 1 ? median(x, n) : 0.0;
+    free(first);
     return 0;
+fail:
+    free(first);
+    return -1;
 }
 
 /* Medians over the repeats; the ratio to solo pairs each repeat's row with that repeat's
@@ -422,15 +447,22 @@ int bench_cmd(int argc, char **argv) {
     if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj, prb);
     if (profile) print_profile(first, rows);
     if (paired) {
-        double q[3], rp[BENCH_PATTERNS], tps;
-        if (paired_run(e, probe, plen, paired, q, rp, &tps, &err) < 0) goto fail;
-        printf("\npaired solo (%d decode steps, each followed by one pass of the probe's %d patterns): step read rate "
-               "%% of the best pattern right after it: median %.0f%% (quartiles %.0f%%, %.0f%%); median step %.2f tok/s\n",
-               paired, BENCH_PATTERNS, q[1], q[0], q[2], tps);
-        printf("  median %% of each pattern alone, by streams per thread, prefetch none / L1 / L2:");
-        for (int i = 0; i < BENCH_PATTERNS; i += 3)
-            printf("%s %d: %.0f / %.0f / %.0f", i ? "," : "", 1 << (i / 3), rp[i], rp[i + 1], rp[i + 2]);
-        printf("\n");
+        engine *pe[2] = {e, eu};
+        paired_out po;
+        if (paired_run(pe, 2, probe, plen, paired, &po, &err) < 0) goto fail;
+        printf("\npaired (%d decode steps of one stream per path, each step followed by one pass of the probe's %d patterns):"
+               " step read rate %% of the best pattern right after it\n\n",
+               paired, BENCH_PATTERNS);
+        printf("| path | median | quartiles | median tok/s | vs pattern 1 / 2 / 4 / 8 streams per thread, prefetch none |"
+               " L1 | L2 |\n|---|---:|---|---:|---|---|---|\n");
+        for (int k = 0; k < 2; k++) {
+            const double *b = po.by_pattern[k];
+            printf("| %s | %.0f%% | %.0f–%.0f%% | %.2f | %.0f / %.0f / %.0f / %.0f%% | %.0f / %.0f / %.0f / %.0f%% | %.0f / %.0f / %.0f / %.0f%% |\n",
+                   k ? "unify (batched)" : "solo", po.q[k][1], po.q[k][0], po.q[k][2],
+                   po.tps[k], b[0], b[3], b[6], b[9], b[1], b[4], b[7], b[10], b[2], b[5], b[8], b[11]);
+        }
+        printf("\nunify / solo, median of the per-step paired ratios: %.3f; logits bitwise equal at every step: %s\n",
+               po.ratio_med, po.same ? "yes" : "NO");
     }
     bench_probe_free(probe);
     engine_free(eu);
