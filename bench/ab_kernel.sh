@@ -31,7 +31,7 @@ for side in A B; do
     if [ "$rev" = WORK ]; then cp src/cpu/repack_avx512.c "$T/$side.c"
     else git show "$rev:src/cpu/repack_avx512.c" > "$T/$side.c"; fi
     # shellcheck disable=SC2086
-    $CC $FLAGS -Wno-unused-function -Drepack_gemm_avx512=repack_gemm_avx512_$side -c -o "$T/$side.o" "$T/$side.c"
+    $CC $FLAGS -Wno-unused-function -Drepack_gemm_avx512=repack_gemm_avx512_$side -Drepack_gemm_next_avx512=repack_gemm_next_avx512_$side -c -o "$T/$side.o" "$T/$side.c"
 done
 # shellcheck disable=SC2086
 $CC $FLAGS -o "$T/ab_kernel" bench/ab_kernel.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread

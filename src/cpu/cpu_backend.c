@@ -35,6 +35,7 @@ static const char *const cpu_stage_names[CS_COUNT] = {
 
 typedef struct gemm_job {
     quant_gemm_fn fn;
+    repack_gemm_next_fn fn_nx; /* the repacked kernel told what follows the call, or NULL */
     const void *w;
     size_t row_bytes;
     int rows, k;
@@ -62,7 +63,7 @@ typedef struct cpu_state {
     int nth, max_rows, level;
     char desc[96];
     quant_gemm_fn gemm[QT_COUNT];
-    quant_gemm_fn gemm_rp[QT_COUNT];        /* kernels on repacked matrices */
+    repack_gemm_next_fn gemm_rp[QT_COUNT];  /* kernels on repacked matrices */
     const cpu_prepared *prep;
     float *rope_cos, *rope_sin; /* [ctx][head_dim/2] */
     float attn_scale;
@@ -87,6 +88,7 @@ typedef struct cpu_state {
     int n_jobs;
     int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
     claim_set claim;                        /* the units of the running jobs, over the threads */
+    cpu_next warm;                          /* inputs of the stage after the running jobs (thread 0 runs it) */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
     bool profile;
     double prof_t0;                        /* end of the last profiled stage */
@@ -147,8 +149,10 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     const prep_weight *pw = cpu_prepared_find(st->prep, w);
     /* the prepared copy where there is one (repacked, or plain on huge pages), else the file's */
     j->w = pw ? pw->data + (size_t)mat * pw->mat_stride : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+    j->fn_nx = NULL;
     if (pw && pw->repacked) {
-        j->fn = st->gemm_rp[w->type];
+        j->fn = NULL;
+        j->fn_nx = st->gemm_rp[w->type];
         j->row_bytes = pw->group_bytes;
         j->unit_stride = pw->group_bytes * (GEMM_UNIT / REPACK_ROWS);
     } else {
@@ -184,11 +188,27 @@ static void job_prefetch(const cpu_state *st, int u, int ji) {
     for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
 }
 
+/* The weights of job ji from unit u on, past the JOB_PF_BYTES that job_prefetch takes, up to
+ * CPU_PF_DIST of them and at most to the job's end: where the kernel before unit u keeps
+ * streaming once its own rows end. */
+static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
+    const gemm_job *j = &st->jobs[ji];
+    const size_t off = (size_t)(u - st->job_unit0[ji]) * j->unit_stride + JOB_PF_BYTES;
+    const size_t len = (size_t)(st->job_unit0[ji + 1] - st->job_unit0[ji]) * j->unit_stride;
+    nx->n = 0;
+    if (off < len) {
+        nx->p[0] = (const uint8_t *)j->w + off;
+        nx->len[0] = DT_MIN((size_t)CPU_PF_DIST, len - off);
+        nx->n = 1;
+    }
+}
+
 /* Every 16-row unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
  * its own segment of the units, then stealing). Each run is cut at job boundaries into
  * kernel calls; before each call the start of what most likely follows (the next job in the
- * run, or the units after an own-segment run) is prefetched. Which thread computes a row
- * never affects its bits. */
+ * run, or the units after an own-segment run) is prefetched, and a repacked kernel streams on
+ * into it past its own rows (job_next); thread 0's last own call streams on into st->warm,
+ * the inputs of the stage it runs next. Which thread computes a row never affects its bits. */
 static void jobs_task(void *ctx, int ith, int nth) {
     cpu_state *st = ctx;
     (void)nth;
@@ -202,9 +222,18 @@ static void jobs_task(void *ctx, int ith, int nth) {
             ji = job_of(st, u, ji);
             const gemm_job *j = &st->jobs[ji];
             int e = DT_MIN(b, st->job_unit0[ji + 1]);
-            if (e < b || (own && e < end)) job_prefetch(st, e, job_of(st, e, ji));
+            cpu_next nx = {0};
+            if (e < b || (own && e < end)) {
+                const int jn = job_of(st, e, ji);
+                job_prefetch(st, e, jn);
+                job_next(st, e, jn, &nx);
+            } else if (ith == 0 && own && e == end)
+                nx = st->warm;
             int r0 = (u - st->job_unit0[ji]) * GEMM_UNIT, r1 = DT_MIN((e - st->job_unit0[ji]) * GEMM_UNIT, j->rows);
-            j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
+            if (j->fn_nx)
+                j->fn_nx(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride, &nx);
+            else
+                j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
             u = e;
         }
     }
@@ -221,6 +250,15 @@ static void jobs_run(cpu_state *st) {
     else
         pool_run(st->pool, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
     st->n_jobs = 0;
+    st->warm.n = 0;
+}
+
+/* Adds `bytes` at p to the inputs of the stage after the next jobs_run (see jobs_task). */
+static void warm_add(cpu_state *st, const void *p, size_t bytes) {
+    if (st->warm.n < CPU_NEXT_MAX) {
+        st->warm.p[st->warm.n] = p;
+        st->warm.len[st->warm.n++] = bytes;
+    }
 }
 
 /* Runs a per-item task: on the calling thread alone when there is one item or the work
@@ -442,6 +480,16 @@ static int group_pairs(cpu_state *st, int n) {
     return n * K;
 }
 
+/* The down projection is followed by the combine (the residual rows) and the next layer's
+ * attention norm (or the output norm): their inputs, for jobs_task's warm list. */
+static void warm_after_down(cpu_state *st, const step_ctx *c, int n) {
+    const model *m = st->m;
+    const int E = m->hp.n_embd;
+    warm_add(st, st->x, sizeof(float) * (size_t)n * (size_t)E);
+    warm_add(st, c->layer + 1 < m->hp.n_layer ? m->layers[c->layer + 1].attn_norm : m->output_norm,
+             sizeof(float) * (size_t)E);
+}
+
 static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     const model_hparams *hp = &st->m->hp;
     const model_layer *L = &st->m->layers[c->layer];
@@ -470,6 +518,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
         size_t o = (size_t)st->exp_off[e];
         job_add(st, &L->down_exps, e, hq + o * ab, ab, st->exp_cnt[e], st->y + o * E, (size_t)E);
     }
+    warm_after_down(st, c, c->b->n);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -496,6 +545,7 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
+    warm_after_down(st, c, c->b->n);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -517,6 +567,7 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     prof_mark(st, CS_SWIGLU);
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
+    warm_after_down(st, c, c->b->n);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -565,6 +616,8 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         prof_mark(st, CS_ACT_ATT);
         act = act_for(&st->a_att, &L->wo, &ab);
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
+        warm_add(st, st->x, sizeof(float) * (size_t)n * (size_t)E); /* the residual + ffn norm's inputs */
+        warm_add(st, L->ffn_norm, sizeof(float) * (size_t)E);
         jobs_run(st);
         prof_mark(st, CS_O);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) {
@@ -621,7 +674,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
-        if (repack_supported(t)) st->gemm_rp[t] = repack_gemm(t, st->level);
+        if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level);
     }
     snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s", cpu_level_name(st->level), st->nth,
              st->nth > 1 ? "s" : "");

@@ -22,13 +22,39 @@
 #define CPU_PF_DIST 32768      /* bytes ahead in the weight stream */
 #define CPU_PF_HINT _MM_HINT_T1
 
-/* Prefetches the `bytes` that lie CPU_PF_DIST ahead of p, where they are still before `end`
- * (the end of the call's rows: beyond is another matrix, whose start the caller prefetches). */
+/* What the calling thread reads right after a kernel call, in order: up to CPU_NEXT_MAX
+ * regions (the next matrix of its run, or the inputs of the stage that follows). A kernel's
+ * prefetch that runs past the end of its call's rows continues into them at the same lead, so
+ * the stream does not go quiet for the call's last CPU_PF_DIST bytes. */
+#define CPU_NEXT_MAX 4
+typedef struct cpu_next {
+    int n;
+    const uint8_t *p[CPU_NEXT_MAX];
+    size_t len[CPU_NEXT_MAX];
+} cpu_next;
+
+/* Prefetches the `bytes` that lie CPU_PF_DIST ahead of p: before `end` (the end of the
+ * call's rows) from the call's own stream, beyond it from nx's regions (none if nx is NULL). */
 static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8_t *p, size_t bytes,
-                                                                     const uint8_t *end) {
+                                                                     const uint8_t *end, const cpu_next *nx) {
     const uint8_t *q = p + CPU_PF_DIST;
-    if (q + bytes <= end)
+    if (q + bytes <= end) {
         for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);
+        return;
+    }
+    if (!nx) return;
+    for (size_t o = 0; o < bytes; o += 64) {
+        if (q + o < end) {
+            _mm_prefetch((const char *)q + o, CPU_PF_HINT);
+            continue;
+        }
+        size_t t = (size_t)(q + o - end);
+        for (int i = 0; i < nx->n; t -= nx->len[i], i++)
+            if (t < nx->len[i]) {
+                _mm_prefetch((const char *)nx->p[i] + t, CPU_PF_HINT);
+                break;
+            }
+    }
 }
 
 /* Prefetches into L1 the `bytes` that follow the block [p, p + bytes) (the next block of the

@@ -210,6 +210,19 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
 
 RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp)
 RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp)
+/* the generic kernels do not prefetch: nx is only a hint */
+static void gemm_q4_K_rp_next_generic(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
+                                      size_t act_bytes, int n_tok, float *out, size_t out_stride,
+                                      const struct cpu_next *nx) {
+    (void)nx;
+    gemm_q4_K_rp_generic(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);
+}
+static void gemm_q6_K_rp_next_generic(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
+                                      size_t act_bytes, int n_tok, float *out, size_t out_stride,
+                                      const struct cpu_next *nx) {
+    (void)nx;
+    gemm_q6_K_rp_generic(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);
+}
 
 quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level) {
     if (!repack_supported(type)) return NULL;
@@ -220,4 +233,15 @@ quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level) {
     if (!f && level >= CPU_AVX2) f = repack_gemm_avx2(type);
     if (f) return f;
     return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
+}
+
+repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level) {
+    if (!repack_supported(type)) return NULL;
+    const enum cpu_level hw = cpu_level_hw();
+    if (level > hw) level = hw;
+    repack_gemm_next_fn f = NULL;
+    if (level >= CPU_AVX512) f = repack_gemm_next_avx512(type);
+    if (!f && level >= CPU_AVX2) f = repack_gemm_next_avx2(type);
+    if (f) return f;
+    return type == QT_Q4_K ? gemm_q4_K_rp_next_generic : gemm_q6_K_rp_next_generic;
 }

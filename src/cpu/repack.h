@@ -57,9 +57,20 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * unsupported type. */
 quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level);
 
+/* The same gemm, told what the calling thread reads right after the call (nx, may be NULL;
+ * struct cpu_next in cpu/prefetch.h): the kernel's prefetch continues into it past the end
+ * of rows [r0, r1). Results are repack_gemm's, bit for bit, whatever nx holds. */
+struct cpu_next;
+typedef void (*repack_gemm_next_fn)(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
+                                    size_t act_bytes, int n_tok, float *out, size_t out_stride,
+                                    const struct cpu_next *nx);
+repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level);
+
 /* Per-level tables (repack_avx512.c, repack_avx2.c); NULL where the level has no kernel. */
 quant_gemm_fn repack_gemm_avx512(uint32_t type);
 quant_gemm_fn repack_gemm_avx2(uint32_t type);
+repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type);
+repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type);
 
 /* ---- layout constants (shared by repack.c and the SIMD kernels) ---- */
 /* Q4_K: a group is nb consecutive 2304-byte blocks. */

@@ -194,7 +194,7 @@ static const tok_fn tok_table[2][TCH + 1] = {
     {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4},
 };
 
-static void gemm_rp(const int type, GEMM_ARGS) {
+static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
     const int is6 = type == QT_Q6_K;
     const int nb = k / QK_K;
@@ -209,10 +209,10 @@ static void gemm_rp(const int type, GEMM_ARGS) {
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6) cpu_prefetch_ahead(G, hdr, end);
+            if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
-                cpu_prefetch_ahead(B, bb, end);
+                cpu_prefetch_ahead(B, bb, end, nx);
                 for (int h = 0; h < 2; h++)
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);
@@ -229,13 +229,24 @@ static void gemm_rp(const int type, GEMM_ARGS) {
     }
 }
 
-static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
-static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
+#define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
+static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
+static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
+static void gemm_q4_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
+static void gemm_q6_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q6_K, PASS, nx); }
 
 quant_gemm_fn repack_gemm_avx2(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_avx2;
+    default: return NULL;
+    }
+}
+
+repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type) {
+    switch (type) {
+    case QT_Q4_K: return gemm_q4_K_rp_next_avx2;
+    case QT_Q6_K: return gemm_q6_K_rp_next_avx2;
     default: return NULL;
     }
 }

@@ -348,31 +348,31 @@ static const tok_fn tok_table[2][TCH + 1] = {
 /* One token against one 16-row group (every block, the accumulators in registers): the
  * one-token path's loop without a call and an accumulator round trip per block. */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
-                                                  float *acc) {
+                                                  const cpu_next *nx, float *acc) {
     __m512 a = _mm512_load_ps(acc);
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end);
+        cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
         cpu_prefetch_next(B, RP_Q4K_BLOCK, end);
         a = q4k_one(B, y + b, a);
     }
     _mm512_store_ps(acc, a);
 }
 static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
-                                                  float *acc) {
+                                                  const cpu_next *nx, float *acc) {
     const size_t hdr = rp_q6k_header(nb);
-    cpu_prefetch_ahead(G, hdr, end);
+    cpu_prefetch_ahead(G, hdr, end, nx);
     __m512 a = _mm512_load_ps(acc);
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
-        cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end);
+        cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
         cpu_prefetch_next(B, RP_Q6K_BLOCK, end);
         a = q6k_one(B, G + 32 * b, y + b, a);
     }
     _mm512_store_ps(acc, a);
 }
 
-static void gemm_rp(const int type, GEMM_ARGS) {
+static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
     const int is6 = type == QT_Q6_K;
     const int nb = k / QK_K;
@@ -389,12 +389,12 @@ static void gemm_rp(const int type, GEMM_ARGS) {
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
             if (nt == 1) {
                 const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
-                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, end, acc);
+                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, end, nx, acc);
             } else {
-                if (is6) cpu_prefetch_ahead(G, hdr, end);
+                if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
                 for (int b = 0; b < nb; b++) {
                     const uint8_t *B = G + hdr + (size_t)b * bb;
-                    cpu_prefetch_ahead(B, bb, end);
+                    cpu_prefetch_ahead(B, bb, end, nx);
                     /* chunks of up to 8 tokens; the block stays in L1 between them */
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);
@@ -414,13 +414,24 @@ static void gemm_rp(const int type, GEMM_ARGS) {
     }
 }
 
-static void gemm_q4_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q4_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
-static void gemm_q6_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q6_K, w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride); }
+#define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
+static void gemm_q4_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
+static void gemm_q6_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
+static void gemm_q4_K_rp_next_avx512(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
+static void gemm_q6_K_rp_next_avx512(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q6_K, PASS, nx); }
 
 quant_gemm_fn repack_gemm_avx512(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_avx512;
     case QT_Q6_K: return gemm_q6_K_rp_avx512;
+    default: return NULL;
+    }
+}
+
+repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type) {
+    switch (type) {
+    case QT_Q4_K: return gemm_q4_K_rp_next_avx512;
+    case QT_Q6_K: return gemm_q6_K_rp_next_avx512;
     default: return NULL;
     }
 }
