@@ -224,24 +224,30 @@ static void gemm_q6_K_rp_next_generic(const void *w, size_t group_bytes, int r0,
     gemm_q6_K_rp_generic(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);
 }
 
-quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level) {
-    if (!repack_supported(type)) return NULL;
+/* The level whose kernel runs for (type, level): the highest at or below both `level` and
+ * the hardware's that has one; the generic kernel always exists. */
+static enum cpu_level rp_level(uint32_t type, enum cpu_level level) {
     const enum cpu_level hw = cpu_level_hw();
     if (level > hw) level = hw;
-    quant_gemm_fn f = NULL;
-    if (level >= CPU_AVX512) f = repack_gemm_avx512(type);
-    if (!f && level >= CPU_AVX2) f = repack_gemm_avx2(type);
-    if (f) return f;
-    return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
+    if (level >= CPU_AVX512 && repack_gemm_avx512(type)) return CPU_AVX512;
+    if (level >= CPU_AVX2 && repack_gemm_avx2(type)) return CPU_AVX2;
+    return CPU_GENERIC;
+}
+
+quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level) {
+    if (!repack_supported(type)) return NULL;
+    switch (rp_level(type, level)) {
+    case CPU_AVX512: return repack_gemm_avx512(type);
+    case CPU_AVX2: return repack_gemm_avx2(type);
+    default: return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
+    }
 }
 
 repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level) {
     if (!repack_supported(type)) return NULL;
-    const enum cpu_level hw = cpu_level_hw();
-    if (level > hw) level = hw;
-    repack_gemm_next_fn f = NULL;
-    if (level >= CPU_AVX512) f = repack_gemm_next_avx512(type);
-    if (!f && level >= CPU_AVX2) f = repack_gemm_next_avx2(type);
-    if (f) return f;
-    return type == QT_Q4_K ? gemm_q4_K_rp_next_generic : gemm_q6_K_rp_next_generic;
+    switch (rp_level(type, level)) {
+    case CPU_AVX512: return repack_gemm_next_avx512(type);
+    case CPU_AVX2: return repack_gemm_next_avx2(type);
+    default: return type == QT_Q4_K ? gemm_q4_K_rp_next_generic : gemm_q6_K_rp_next_generic;
+    }
 }
