@@ -482,10 +482,10 @@ static int group_pairs(cpu_state *st, int n) {
 
 /* The down projection is followed by the combine (the residual rows) and the next layer's
  * attention norm (or the output norm): their inputs, for jobs_task's warm list. */
-static void warm_after_down(cpu_state *st, const step_ctx *c, int n) {
+static void warm_after_down(cpu_state *st, const step_ctx *c) {
     const model *m = st->m;
     const int E = m->hp.n_embd;
-    warm_add(st, st->x, sizeof(float) * (size_t)n * (size_t)E);
+    warm_add(st, st->x, sizeof(float) * (size_t)c->b->n * (size_t)E);
     warm_add(st, c->layer + 1 < m->hp.n_layer ? m->layers[c->layer + 1].attn_norm : m->output_norm,
              sizeof(float) * (size_t)E);
 }
@@ -518,7 +518,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
         size_t o = (size_t)st->exp_off[e];
         job_add(st, &L->down_exps, e, hq + o * ab, ab, st->exp_cnt[e], st->y + o * E, (size_t)E);
     }
-    warm_after_down(st, c, c->b->n);
+    warm_after_down(st, c);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -545,7 +545,7 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
-    warm_after_down(st, c, c->b->n);
+    warm_after_down(st, c);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -567,7 +567,7 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     prof_mark(st, CS_SWIGLU);
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
-    warm_after_down(st, c, c->b->n);
+    warm_after_down(st, c);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
