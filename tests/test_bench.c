@@ -1,0 +1,54 @@
+/* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
+ * are there, --paired runs the solo and the unify path step by step and finds their logits
+ * bitwise equal, and bad arguments are refused. Timings are printed, never asserted. */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "test.h"
+
+/* Runs bench_cmd on argv with stdout captured into buf; returns its exit code. */
+static int run_bench(int argc, char **argv, char *buf, size_t cap) {
+    fflush(stdout);
+    FILE *tmp = tmpfile();
+    if (!tmp) return -1;
+    const int saved = dup(STDOUT_FILENO);
+    dup2(fileno(tmp), STDOUT_FILENO);
+    const int rc = bench_cmd(argc, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    rewind(tmp);
+    const size_t n = fread(buf, 1, cap - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+    return rc;
+}
+
+int main(void) {
+    static char out[1 << 16];
+    char *ok[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1,2", "--prompt-len", "8",
+                  "--gen-len", "2", "--threads", "2", "--paired", "3"};
+    int rc = run_bench(13, ok, out, sizeof out);
+    CHECK(rc == 0, "bench exit %d", rc);
+    CHECK(strstr(out, "best of 36)") != NULL, "the probe line names its 36 passes (12 patterns x 3)");
+    CHECK(strstr(out, "| 1 | solo |") && strstr(out, "| 2 | batched |") && strstr(out, "| 1 | unify (batched) |"),
+          "solo, batched and unify rows");
+    CHECK(strstr(out, "| solo | ") && strstr(out, "| unify (batched) | "), "the paired table has both paths");
+    CHECK(strstr(out, "logits bitwise equal at every step: yes") != NULL,
+          "paired: the solo and the unify path's logits are bitwise equal at every step");
+    const char *p = strstr(out, "median of the per-step paired ratios: ");
+    double ratio = p ? atof(p + strlen("median of the per-step paired ratios: ")) : 0.0;
+    CHECK(ratio > 0.0 && ratio < 100.0, "a finite unify/solo ratio (%g)", ratio);
+    const char *line = strstr(out, "paired (");
+    if (line) printf("%.*s\n", (int)strcspn(line, "\n"), line);
+    printf("unify / solo per-step ratio: %.3f\n", ratio);
+
+    char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"}};
+    for (int i = 0; i < 3; i++) {
+        rc = run_bench(3, bad[i], out, sizeof out);
+        CHECK(rc == 2, "--paired %s: exit %d, want 2", bad[i][2], rc);
+    }
+    return test_summary();
+}
