@@ -193,7 +193,6 @@ static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_
     return 0;
 }
 
-
 static double median(double *v, int n) {
     for (int i = 1; i < n; i++) /* insertion sort: n <= 100 */
         for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
@@ -219,16 +218,19 @@ typedef struct paired_out {
 
 static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int plen, int n, paired_out *po,
                       ditto_err *err) {
+    DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
     int32_t tok[2], pos[2], sl[2];
+    int held = 0; /* slots acquired */
     uint8_t want = 1;
+    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100];
     float *first = xmalloc(sizeof(float) * (size_t)eng[0]->m->hp.n_vocab);
     for (int k = 0; k < n_eng; k++) {
         uint64_t rng = 77;
         sl[k] = kv_slot_acquire(eng[k]->kv);
+        held = k + 1;
         pos[k] = plen;
         if (prefill(eng[k], sl[k], plen, &rng, &tok[k], err) < 0) goto fail;
     }
-    static double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100];
     po->same = true;
     for (int i = 0; i < n; i++)
         for (int k = 0; k < n_eng; k++) {
@@ -252,16 +254,17 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             if (k == 1) x[i] = r[1][i] / r[0][i];
         }
     for (int k = 0; k < n_eng; k++) {
-        kv_slot_release(eng[k]->kv, sl[k]);
         for (int j = 0; j < BENCH_PATTERNS; j++) po->by_pattern[k][j] = median(rp[k][j], n);
         po->q[k][1] = median(r[k], n); /* sorts */
         po->q[k][0] = r[k][n / 4], po->q[k][2] = r[k][(3 * n) / 4];
         po->tps[k] = median(t[k], n);
     }
     po->ratio_med = n_eng > 1 ? median(x, n) : 0.0;
+    for (int k = 0; k < n_eng; k++) kv_slot_release(eng[k]->kv, sl[k]);
     free(first);
     return 0;
 fail:
+    for (int k = 0; k < held; k++) kv_slot_release(eng[k]->kv, sl[k]);
     free(first);
     return -1;
 }
