@@ -194,6 +194,8 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
     return acc;
 }
 
+/* NAME: the generic gemm; NAME##_next: the same with repack_gemm_next's signature (the generic
+ * kernels do not prefetch: nx is only a hint). */
 #define RP_GEMM_GENERIC(NAME, DOT)                                                                 \
     static void NAME(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,    \
                      size_t act_bytes, int n_tok, float *out, size_t out_stride) {                 \
@@ -206,23 +208,16 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
                         (const block_q8k *)(const void *)((const uint8_t *)act +                   \
                                                           (size_t)t * act_bytes),                  \
                         nb);                                                                       \
+    }                                                                                              \
+    static void NAME##_next(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act, \
+                            size_t act_bytes, int n_tok, float *out, size_t out_stride,            \
+                            const struct cpu_next *nx) {                                           \
+        (void)nx;                                                                                  \
+        NAME(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);                   \
     }
 
 RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp)
 RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp)
-/* the generic kernels do not prefetch: nx is only a hint */
-static void gemm_q4_K_rp_next_generic(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
-                                      size_t act_bytes, int n_tok, float *out, size_t out_stride,
-                                      const struct cpu_next *nx) {
-    (void)nx;
-    gemm_q4_K_rp_generic(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);
-}
-static void gemm_q6_K_rp_next_generic(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
-                                      size_t act_bytes, int n_tok, float *out, size_t out_stride,
-                                      const struct cpu_next *nx) {
-    (void)nx;
-    gemm_q6_K_rp_generic(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);
-}
 
 /* The level whose kernel runs for (type, level): the highest at or below both `level` and
  * the hardware's that has one; the generic kernel always exists. */
@@ -248,6 +243,6 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level) {
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_next_avx512(type);
     case CPU_AVX2: return repack_gemm_next_avx2(type);
-    default: return type == QT_Q4_K ? gemm_q4_K_rp_next_generic : gemm_q6_K_rp_next_generic;
+    default: return type == QT_Q4_K ? gemm_q4_K_rp_generic_next : gemm_q6_K_rp_generic_next;
     }
 }

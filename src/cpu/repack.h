@@ -59,7 +59,9 @@ quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level);
 
 /* The same gemm, told what the calling thread reads right after the call (nx, may be NULL;
  * struct cpu_next in cpu/prefetch.h): the kernel's prefetch continues into it past the end
- * of rows [r0, r1). Results are repack_gemm's, bit for bit, whatever nx holds. */
+ * of rows [r0, r1). Results are repack_gemm's, bit for bit, whatever nx holds. The backend
+ * calls this one; repack_gemm keeps quant_gemm_fn's signature for the tests and bench tools
+ * that run repacked and row-major kernels through one job type. */
 struct cpu_next;
 typedef void (*repack_gemm_next_fn)(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
                                     size_t act_bytes, int n_tok, float *out, size_t out_stride,
