@@ -57,6 +57,22 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
     }
 }
 
+/* Requests the lines of the block CPU_PF_AGAIN1 and CPU_PF_AGAIN2 bytes ahead of p into L2 again,
+ * where they are still before `end` (no continuation past it). A line prefetched once 32 KiB ahead
+ * is at times not in L2 when the kernel reaches it (T1 prefetches get dropped: published
+ * measurements on Zen 4 saw the same); the one-token kernels read 1.04-1.08x with these two
+ * re-requests (ninth session), the 6- and 8-token ones 5-12% less (their compute is the limit
+ * there), so only the one-token paths use it. */
+#define CPU_PF_AGAIN1 16384
+#define CPU_PF_AGAIN2 8192
+static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,
+                                                                     const uint8_t *end) {
+    if (p + CPU_PF_AGAIN1 + bytes <= end)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + CPU_PF_AGAIN1 + o, CPU_PF_HINT);
+    if (p + CPU_PF_AGAIN2 + bytes <= end)
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + CPU_PF_AGAIN2 + o, CPU_PF_HINT);
+}
+
 /* Prefetches into L1 the `bytes` that follow the block [p, p + bytes) (the next block of the
  * stream, already in L2 by cpu_prefetch_ahead), where they are still before `end`. */
 static inline __attribute__((always_inline)) void cpu_prefetch_next(const uint8_t *p, size_t bytes,

@@ -213,6 +213,7 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
                 cpu_prefetch_ahead(B, bb, end, nx);
+                if (nt == 1) cpu_prefetch_again(B, bb, end);
                 for (int h = 0; h < 2; h++)
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);

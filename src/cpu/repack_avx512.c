@@ -353,6 +353,7 @@ static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
+        cpu_prefetch_again(B, RP_Q4K_BLOCK, end);
         cpu_prefetch_next(B, RP_Q4K_BLOCK, end);
         a = q4k_one(B, y + b, a);
     }
@@ -366,6 +367,7 @@ static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
         cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
+        cpu_prefetch_again(B, RP_Q6K_BLOCK, end);
         cpu_prefetch_next(B, RP_Q6K_BLOCK, end);
         a = q6k_one(B, G + 32 * b, y + b, a);
     }
