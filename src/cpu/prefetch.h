@@ -9,9 +9,10 @@
  * ~16 GB/s a thread streams). bench/cpu-speed.md, seventh session. 32 KiB per thread is a
  * small part of any x86 core's L2 (256 KiB or more).
  *
- * The one-token kernels also pull the next block from L2 into L1 (cpu_prefetch_next) while they
- * compute the current one: 1.05-1.13x from memory in-process (Q4_K and Q6_K, eighth session);
- * at 6 tokens it cost 5-11% (each block is computed longer there, its lines arrive in time). */
+ * The one-token kernels also request each block again closer in (cpu_prefetch_again) and pull the
+ * next block from L2 into L1 (cpu_prefetch_next) while they compute the current one: 1.05-1.13x
+ * from memory in-process for the latter (Q4_K and Q6_K, eighth session); at 6 tokens it cost
+ * 5-11% (each block is computed longer there, its lines arrive in time). */
 #ifndef DITTO_CPU_PREFETCH_H
 #define DITTO_CPU_PREFETCH_H
 
@@ -59,10 +60,14 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
 
 /* Requests the lines of the block CPU_PF_AGAIN1 and CPU_PF_AGAIN2 bytes ahead of p into L2 again,
  * where they are still before `end` (no continuation past it). A line prefetched once 32 KiB ahead
- * is at times not in L2 when the kernel reaches it (T1 prefetches get dropped: published
- * measurements on Zen 4 saw the same); the one-token kernels read 1.04-1.08x with these two
- * re-requests (ninth session), the 6- and 8-token ones 5-12% less (their compute is the limit
- * there), so only the one-token paths use it. */
+ * is often not in L2 when the kernel reaches it (a T1 prefetch is a hint the core may drop; one
+ * published measurement on Zen 4 found exactly that). With these two re-requests the one-token
+ * kernels read 1.03-1.29x from memory (medians ~1.07, in-process A/B; whole model: paired solo
+ * 80-85% -> 88-91% of the bound), a third one added 0-3%; the 2- to 8-token kernels read 2-40%
+ * less with them (their compute, not the stream, sets their pace), and in cache the one-token
+ * kernels run ~0.7x (weights of a decode step are never in cache). So only the one-token paths
+ * use it: the repacked kernels here and the f32 gemm (the router) in cpu/quant_avx512.c.
+ * bench/cpu-speed.md, ninth session. */
 #define CPU_PF_AGAIN1 16384
 #define CPU_PF_AGAIN2 8192
 static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,
