@@ -63,7 +63,8 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
  * is often not in L2 when the kernel reaches it (a T1 prefetch is a hint the core may drop; one
  * published measurement on Zen 4 found exactly that). With these two re-requests the one-token
  * kernels read 1.03-1.29x from memory (medians ~1.07, in-process A/B; whole model: paired solo
- * 80-85% -> 88-91% of the bound), a third one added 0-3%; the 2- to 8-token kernels mostly read
+ * 80-85% -> 88-91% of the bound); a third one added 0-3% in ordinary phases and cost 13-27% in
+ * fast ones (the first two gained there too: 1.06-1.28x); the 2- to 8-token kernels mostly read
  * less with them (T = 2: 0.87-1.09x, T = 3-8: 0.59-1.01x; compute, not the stream, sets their
  * pace), and in cache the one-token
  * kernels run ~0.7x (weights of a decode step are never in cache). So only the one-token paths
