@@ -66,10 +66,9 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
  * 80-85% -> 88-91% of the bound); a third one added 0-3% in ordinary phases and cost 13-27% in
  * fast ones (the first two gained there too: 1.06-1.28x); the 2- to 8-token kernels mostly read
  * less with them (T = 2: 0.87-1.09x, T = 3-8: 0.59-1.01x; compute, not the stream, sets their
- * pace), and in cache the one-token
- * kernels run ~0.7x (weights of a decode step are never in cache). So only the one-token paths
- * use it: the repacked kernels here and the f32 gemm (the router) in cpu/quant_avx512.c.
- * bench/cpu-speed.md, ninth session. */
+ * pace), and in cache the one-token kernels run ~0.7x (weights of a decode step are never in
+ * cache). So only the one-token paths use it: the repacked kernels here and the f32 gemm (the
+ * router) in cpu/quant_avx512.c. bench/cpu-speed.md, ninth session. */
 #define CPU_PF_AGAIN1 16384
 #define CPU_PF_AGAIN2 8192
 static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,
