@@ -73,10 +73,10 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
 #define CPU_PF_AGAIN2 8192
 static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,
                                                                      const uint8_t *end) {
-    if (p + CPU_PF_AGAIN1 + bytes <= end)
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + CPU_PF_AGAIN1 + o, CPU_PF_HINT);
-    if (p + CPU_PF_AGAIN2 + bytes <= end)
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + CPU_PF_AGAIN2 + o, CPU_PF_HINT);
+    static const size_t dist[2] = {CPU_PF_AGAIN1, CPU_PF_AGAIN2};
+    for (int i = 0; i < 2; i++)
+        if (p + dist[i] + bytes <= end)
+            for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + dist[i] + o, CPU_PF_HINT);
 }
 
 /* Prefetches into L1 the `bytes` that follow the block [p, p + bytes) (the next block of the
