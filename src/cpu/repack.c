@@ -37,11 +37,16 @@
  * Q6_K — group g = a header of the nb blocks' d, then nb blocks of 3328 B (all 64-aligned):
  *
  *   +0                  D[b][16]  fp16 d of block b, row r at +32b + 2r  (H = nb*32 B rounded up to 64)
- *   +H + b*3328 + 0     L[0..31]  32 dword vectors: L[v] lane r = ql_r[4v .. 4v+3]  (2048 B)
- *               + 2048  Hh[0..15] 16 dword vectors: Hh[v] lane r = qh_r[4v .. 4v+3] (1024 B)
- *               + 3072  S[0..7]   8 word vectors (32 lanes of 2 bytes): S[p] lane r =
- *                                 int8 scales_r[2p], scales_r[2p+1]                (256 B)
- *                                 (vpmovsxbw gives vpdpwssd's int16 pairs directly)
+ *   +H + b*3328         52 lines, in the order the one-token kernel reads them (one ascending
+ *                       stream), for half h = 0..1 at +1664h:
+ *
+ *                       | L[16h] L[16h+8] Hh[8h] | L[16h+1] L[16h+9] Hh[8h+1] | ... | L[16h+7] L[16h+15] Hh[8h+7] | S[4h..4h+3] |
+ *
+ *                       L[v]  dword vector, lane r = ql_r[4v .. 4v+3]   (32 of them, 2048 B)
+ *                       Hh[v] dword vector, lane r = qh_r[4v .. 4v+3]   (16, 1024 B)
+ *                       S[p]  word vector (32 B, 32 lanes of 2 bytes), lane r = int8 scales_r[2p],
+ *                             scales_r[2p+1] (vpmovsxbw gives vpdpwssd's int16 pairs directly)
+ *                       (offsets: rp_q6k_l / rp_q6k_h / rp_q6k_s in repack.h)
  *
  *          With h = 0..1, i = 0..7, u = 6-bit unsigned quant (q + 32):
  *            L[16h + i]     & 0x0F  = low 4 bits of u at 128h +      4i .. +3
@@ -76,6 +81,15 @@ static inline void put_lanes(uint8_t *dst, int r, const uint8_t *src, int nv) {
 static inline void get_lanes(uint8_t *dst, const uint8_t *src, int r, int nv) {
     for (int v = 0; v < nv; v++) memcpy(dst + 4 * v, src + 64 * v + 4 * r, 4);
 }
+/* The same for Q6_K's L and Hh vectors, placed by rp_q6k_l / rp_q6k_h. */
+static inline void put_q6k(uint8_t *B, int r, const block_q6_K *x) {
+    for (int v = 0; v < 32; v++) memcpy(B + rp_q6k_l(v) + 4 * r, x->ql + 4 * v, 4);
+    for (int v = 0; v < 16; v++) memcpy(B + rp_q6k_h(v) + 4 * r, x->qh + 4 * v, 4);
+}
+static inline void get_q6k(block_q6_K *x, const uint8_t *B, int r) {
+    for (int v = 0; v < 32; v++) memcpy(x->ql + 4 * v, B + rp_q6k_l(v) + 4 * r, 4);
+    for (int v = 0; v < 16; v++) memcpy(x->qh + 4 * v, B + rp_q6k_h(v) + 4 * r, 4);
+}
 
 void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
                  int g0, int g1) {
@@ -103,8 +117,7 @@ void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int
                     const block_q6_K *x = (const block_q6_K *)(const void *)s + b;
                     uint8_t *B = G + rp_q6k_header(nb) + (size_t)b * RP_Q6K_BLOCK;
                     memcpy(G + 32 * b + 2 * r, &x->d, 2);
-                    put_lanes(B + RP_Q6K_QL, r, x->ql, 32);
-                    put_lanes(B + RP_Q6K_QH, r, x->qh, 16);
+                    put_q6k(B, r, x);
                     for (int j = 0; j < 16; j++) B[rp_q6k_sc(j, r)] = (uint8_t)x->scales[j];
                 }
             }
@@ -128,8 +141,7 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
         block_q6_K *x = blk;
         const uint8_t *B = G + rp_q6k_header(nb) + (size_t)b * RP_Q6K_BLOCK;
         memcpy(&x->d, G + 32 * b + 2 * r, 2);
-        get_lanes(x->ql, B + RP_Q6K_QL, r, 32);
-        get_lanes(x->qh, B + RP_Q6K_QH, r, 16);
+        get_q6k(x, B, r);
         for (int j = 0; j < 16; j++) x->scales[j] = (int8_t)B[rp_q6k_sc(j, r)];
     }
 }
@@ -182,8 +194,9 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
             int32_t s = 0;
             for (int l = 0; l < 16; l++) {
                 const int e = 16 * j + l, h = e >> 7, quarter = (e >> 5) & 3, l32 = e & 31;
-                const uint8_t lo = lane_byte(B + RP_Q6K_QL, r, 64 * h + l32 + ((quarter & 1) ? 32 : 0));
-                const uint8_t hi = lane_byte(B + RP_Q6K_QH, r, 32 * h + l32);
+                const int il = 64 * h + l32 + ((quarter & 1) ? 32 : 0), ih = 32 * h + l32;
+                const uint8_t lo = B[rp_q6k_l(il >> 2) + 4 * r + (il & 3)];
+                const uint8_t hi = B[rp_q6k_h(ih >> 2) + 4 * r + (ih & 3)];
                 const int u = ((quarter >= 2 ? lo >> 4 : lo & 0xF) | (((hi >> (2 * quarter)) & 3) << 4));
                 s += (u - 32) * y->q[e];
             }

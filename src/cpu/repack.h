@@ -83,10 +83,14 @@ repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type);
 #define RP_Q4K_QS 256   /* 32 x 64 B: vector v, lane r = qs_r[4v .. 4v+3] */
 /* Q6_K: a group is a header of nb x fp16 d[16] (padded to 64 bytes), then nb 3328-byte blocks. */
 #define RP_Q6K_BLOCK 3328
-#define RP_Q6K_QL 0     /* 32 x 64 B: vector v, lane r = ql_r[4v .. 4v+3] */
-#define RP_Q6K_QH 2048  /* 16 x 64 B: vector v, lane r = qh_r[4v .. 4v+3] */
-#define RP_Q6K_SC 3072  /* 8 x 32 B: pair p, lane r = int8 (scales_r[2p], scales_r[2p+1]) */
-static inline size_t rp_q6k_sc(int j, int r) { return RP_Q6K_SC + 32 * (size_t)(j >> 1) + 2 * (size_t)r + (size_t)(j & 1); }
+/* A block is 52 lines read as one ascending stream by the one-token kernel: for each half h =
+ * 0..1, for n = 0..7 the weight vectors L[16h + n], L[16h + 8 + n], Hh[8h + n] (L[v] lane r =
+ * ql_r[4v .. 4v+3], Hh[v] lane r = qh_r[4v .. 4v+3]), then the half's scale pairs S[4h .. 4h+3]
+ * (32 B each, lane r = int8 (scales_r[2p], scales_r[2p+1])). */
+static inline size_t rp_q6k_l(int v) { return 64 * (size_t)(26 * (v >> 4) + 3 * (v & 7) + ((v >> 3) & 1)); }
+static inline size_t rp_q6k_h(int v) { return 64 * (size_t)(26 * (v >> 3) + 3 * (v & 7) + 2); }
+static inline size_t rp_q6k_s(int p) { return 64 * (size_t)(26 * (p >> 2) + 24) + 32 * (size_t)(p & 3); }
+static inline size_t rp_q6k_sc(int j, int r) { return rp_q6k_s(j >> 1) + 2 * (size_t)r + (size_t)(j & 1); }
 static inline size_t rp_q6k_header(int nb) { return ((size_t)nb * 32 + 63) & ~(size_t)63; }
 
 #endif

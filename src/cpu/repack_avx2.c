@@ -126,8 +126,8 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
 
 AI __m256i q6k_w(const uint8_t *B, int j, int i) {
     const int e = 4 * j + i, h = e >> 5, s = (e >> 3) & 3, n = e & 7;
-    const __m256i L = LD(B + RP_Q6K_QL + 64 * (16 * h + 8 * (s & 1) + n));
-    const __m256i H = LD(B + RP_Q6K_QH + 64 * (8 * h + n));
+    const __m256i L = LD(B + rp_q6k_l(16 * h + 8 * (s & 1) + n));
+    const __m256i H = LD(B + rp_q6k_h(8 * h + n));
     const __m256i lo = s < 2 ? _mm256_and_si256(L, _mm256_set1_epi8(0x0f))
                              : _mm256_and_si256(_mm256_srli_epi16(L, 4), _mm256_set1_epi8(0x0f));
     const __m256i hs = s == 0 ? _mm256_slli_epi16(H, 4) : s == 1 ? _mm256_slli_epi16(H, 2)
@@ -137,7 +137,7 @@ AI __m256i q6k_w(const uint8_t *B, int j, int i) {
 /* A scale pair of the half's 8 rows from its 16 bytes at S: dword lane = int16 (sc_2p, sc_2p+1). */
 AI __m256i q6k_scpair(const uint8_t *S) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)S)); }
 
-/* B: the block + 32h (weight vectors), S: the block's scale pairs + 16h, D: its d + 16h. */
+/* B: the block + 32h (weight vectors), S: the block + 16h (scale pairs at rp_q6k_s), D: its d + 16h. */
 AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_t *D, const block_q8k *const *y,
                    float *acc) {
     __m256i I[TCH];
@@ -148,7 +148,7 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
     const __m256i dup1 = _mm256_add_epi8(dup0, _mm256_set1_epi8(2));
     _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
         const uint8_t *Bj = launder(B);
-        const __m256i pr = q6k_scpair(launder(S) + 32 * (j >> 1));
+        const __m256i pr = q6k_scpair(launder(S) + rp_q6k_s(j >> 1));
         const __m256i sc = _mm256_shuffle_epi8(pr, (j & 1) ? dup1 : dup0); /* (sc_j, sc_j) */
         _Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
             const __m256i W0 = q6k_w(Bj, j, i), W1 = q6k_w(Bj, j, i + 1);
@@ -164,7 +164,7 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
         __m256i Bs = _mm256_setzero_si256();
         _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
-            Bs = _mm256_add_epi32(Bs, _mm256_madd_epi16(q6k_scpair(S + 32 * p), bcast4(y[t]->bsums + 2 * p)));
+            Bs = _mm256_add_epi32(Bs, _mm256_madd_epi16(q6k_scpair(S + rp_q6k_s(p)), bcast4(y[t]->bsums + 2 * p)));
         const __m256i It = _mm256_sub_epi32(I[t], _mm256_slli_epi32(Bs, 5));
         __m256 a = _mm256_load_ps(acc + 16 * t);
         a = chain(a, d, y[t]->d, It);
@@ -219,7 +219,7 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
                         const int n = DT_MIN(TCH, nt - tc);
                         for (int t = 0; t < n; t++)
                             y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
-                        if (is6) tok_table[1][n](B + 32 * h, B + RP_Q6K_SC + 16 * h, G + 32 * b + 16 * h, y, acc + 16 * tc + 8 * h);
+                        if (is6) tok_table[1][n](B + 32 * h, B + 16 * h, G + 32 * b + 16 * h, y, acc + 16 * tc + 8 * h);
                         else tok_table[0][n](B + 32 * h, NULL, B + RP_Q4K_D + 16 * h, y, acc + 16 * tc + 8 * h);
                     }
             }

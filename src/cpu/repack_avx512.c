@@ -31,9 +31,9 @@
  * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
- * The matrix is one sequential stream per group, software-prefetched into L2 CPU_PF_DIST bytes
- * ahead (cpu/prefetch.h); at n_tok = 1 the next block also into L1 while the current one is
- * computed. */
+ * The matrix is one sequential stream per group; with two or more tokens it is
+ * software-prefetched into L2 CPU_PF_DIST bytes ahead (cpu/prefetch.h), with one token the
+ * hardware prefetchers stream it (q4k_group1). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -191,14 +191,14 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     __m512i se[4], so[4];
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+    const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
         }
     }
-    const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     __m512i I = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         const __m512i sc = p < 2 ? slo : shi;
@@ -221,8 +221,8 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a) {
 
 AI __m512i q6k_w(const uint8_t *B, int j, int i) {
     const int e = 4 * j + i, h = e >> 5, s = (e >> 3) & 3, n = e & 7;
-    const __m512i L = LD(B + RP_Q6K_QL + 64 * (16 * h + 8 * (s & 1) + n));
-    const __m512i H = LD(B + RP_Q6K_QH + 64 * (8 * h + n));
+    const __m512i L = LD(B + rp_q6k_l(16 * h + 8 * (s & 1) + n));
+    const __m512i H = LD(B + rp_q6k_h(8 * h + n));
     const __m512i lo = s < 2 ? _mm512_and_si512(L, _mm512_set1_epi8(0x0f))
                              : _mm512_and_si512(_mm512_srli_epi16(L, 4), _mm512_set1_epi8(0x0f));
     /* bits 2s..2s+1 to bits 4..5 (16-bit shifts; the bits that cross bytes are masked off) */
@@ -233,7 +233,7 @@ AI __m512i q6k_w(const uint8_t *B, int j, int i) {
 
 /* Scale pair p of the 16 rows: dword lane r = int16 (sc_2p, sc_2p+1), sign-extended. */
 AI __m512i q6k_scpair(const uint8_t *B, int p) {
-    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q6K_SC + 32 * p)));
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(B + rp_q6k_s(p))));
 }
 
 /* T tokens against one Q6_K block B whose 16 fp16 d are at D.
@@ -286,9 +286,9 @@ AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512
         __m512i sj[8]; /* sub-block 8h + k */
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) sj[k] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++) {
-            const __m512i L0 = in_reg(LD(B + RP_Q6K_QL + 64 * (16 * h + n)));
-            const __m512i L1 = in_reg(LD(B + RP_Q6K_QL + 64 * (16 * h + 8 + n)));
-            const __m512i H = in_reg(LD(B + RP_Q6K_QH + 64 * (8 * h + n)));
+            const __m512i L0 = in_reg(LD(B + rp_q6k_l(16 * h + n)));
+            const __m512i L1 = in_reg(LD(B + rp_q6k_l(16 * h + 8 + n)));
+            const __m512i H = in_reg(LD(B + rp_q6k_h(8 * h + n)));
             /* u = nibble | (bits 2s..2s+1 of H at bits 4..5): A | (B & C) is ternary-logic 0xF8 */
             const __m512i u[4] = {
                 _mm512_ternarylogic_epi32(_mm512_and_si512(L0, m0f), _mm512_slli_epi16(H, 4), m30, 0xF8),
@@ -346,31 +346,20 @@ static const tok_fn tok_table[2][TCH + 1] = {
 };
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
- * one-token path's loop without a call and an accumulator round trip per block. */
-static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
-                                                  const cpu_next *nx, float *acc) {
+ * one-token path's loop without a call and an accumulator round trip per block. No software
+ * prefetch: q4k_one / q6k_one read each block front to back (the Q6_K layout is ordered for it),
+ * so the group is one ascending stream that the hardware prefetchers follow, and in-process that
+ * read 1.04-1.21x what the same kernels read with the T1 / re-request / T0 prefetches, which
+ * disturb the hardware's stream (bench/cpu-speed.md, tenth session). */
+static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc) {
     __m512 a = _mm512_load_ps(acc);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
-        cpu_prefetch_again(B, RP_Q4K_BLOCK, end);
-        cpu_prefetch_next(B, RP_Q4K_BLOCK, end);
-        a = q4k_one(B, y + b, a);
-    }
+    for (int b = 0; b < nb; b++) a = q4k_one(G + (size_t)b * RP_Q4K_BLOCK, y + b, a);
     _mm512_store_ps(acc, a);
 }
-static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const uint8_t *end,
-                                                  const cpu_next *nx, float *acc) {
-    const size_t hdr = rp_q6k_header(nb);
-    cpu_prefetch_ahead(G, hdr, end, nx);
+static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc) {
+    const uint8_t *B0 = G + rp_q6k_header(nb);
     __m512 a = _mm512_load_ps(acc);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
-        cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
-        cpu_prefetch_again(B, RP_Q6K_BLOCK, end);
-        cpu_prefetch_next(B, RP_Q6K_BLOCK, end);
-        a = q6k_one(B, G + 32 * b, y + b, a);
-    }
+    for (int b = 0; b < nb; b++) a = q6k_one(B0 + (size_t)b * RP_Q6K_BLOCK, G + 32 * b, y + b, a);
     _mm512_store_ps(acc, a);
 }
 
@@ -391,7 +380,7 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
             if (nt == 1) {
                 const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
-                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, end, nx, acc);
+                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, acc);
             } else {
                 if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
                 for (int b = 0; b < nb; b++) {
