@@ -389,18 +389,19 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* wend: the end of the call's rows (the one-token form's re-requests stop there). */
-AI void fl_row(const int type, const int NT, const uint8_t *wr, const uint8_t *wend, const float *const *x, int k,
+AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *const *x, int k,
                float *const *o) {
     __m512 A0[4], A1[4];
     UNROLL for (int t = 0; t < NT; t++) A0[t] = A1[t] = _mm512_setzero_ps();
     int e = 0;
     const int esz = type == QT_F32 ? 4 : 2;
     for (; e + 32 <= k; e += 32) {
-        /* the rows are one sequential stream: fetch ahead of it (cpu/prefetch.h) */
-        _mm_prefetch((const char *)wr + (size_t)e * esz + CPU_PF_DIST, CPU_PF_HINT);
-        if (esz == 4) _mm_prefetch((const char *)wr + (size_t)e * esz + CPU_PF_DIST + 64, CPU_PF_HINT);
-        if (NT == 1) cpu_prefetch_again(wr + (size_t)e * esz, (size_t)esz * 32, wend);
+        /* the rows are one sequential stream: fetch ahead of it (cpu/prefetch.h); at one token
+         * the hardware prefetchers alone stream it */
+        if (NT > 1) {
+            _mm_prefetch((const char *)wr + (size_t)e * esz + CPU_PF_DIST, CPU_PF_HINT);
+            if (esz == 4) _mm_prefetch((const char *)wr + (size_t)e * esz + CPU_PF_DIST + 64, CPU_PF_HINT);
+        }
         const __m512 w0 = fl_load(type, wr, e), w1 = fl_load(type, wr, e + 16);
         UNROLL for (int t = 0; t < NT; t++) {
             A0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + e), A0[t]);
@@ -420,7 +421,6 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const uint8_t *w
 }
 
 AI void gemm_fl(const int type, GEMM_ARGS) {
-    const uint8_t *wend = (const uint8_t *)w + (size_t)r1 * row_bytes;
     for (int t0 = 0; t0 < n_tok;) {
         const int rem = n_tok - t0;
         const int nt = rem >= 4 ? 4 : rem >= 2 ? 2 : 1;
@@ -431,9 +431,9 @@ AI void gemm_fl(const int type, GEMM_ARGS) {
             float *o[4];
             for (int t = 0; t < nt; t++) o[t] = out + (size_t)(t0 + t) * out_stride + r;
             switch (nt) {
-            case 4: fl_row(type, 4, wr, wend, x, k, o); break;
-            case 2: fl_row(type, 2, wr, wend, x, k, o); break;
-            default: fl_row(type, 1, wr, wend, x, k, o); break;
+            case 4: fl_row(type, 4, wr, x, k, o); break;
+            case 2: fl_row(type, 2, wr, x, k, o); break;
+            default: fl_row(type, 1, wr, x, k, o); break;
             }
         }
         t0 += nt;
