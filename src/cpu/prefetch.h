@@ -9,10 +9,11 @@
  * ~16 GB/s a thread streams). bench/cpu-speed.md, seventh session. 32 KiB per thread is a
  * small part of any x86 core's L2 (256 KiB or more).
  *
- * The AVX-512 one-token kernels (repack_avx512.c) use none of this since the tenth session: they
- * read each block front to back, and the hardware prefetchers stream such a sequence better than
- * any software prefetch pattern tried (1.04-1.21x in-process; bench/cpu-speed.md). The multi-token
- * kernels, the AVX2 one-token path and the f32 gemm (the router) still prefetch as below. */
+ * The AVX-512 one-token kernels (repack_avx512.c, and the f32 gemm of the router in
+ * quant_avx512.c) use none of this since the tenth session: they read their rows front to back,
+ * and the hardware prefetchers stream such a sequence better than any software prefetch pattern
+ * tried (1.04-1.21x in-process; bench/cpu-speed.md). The multi-token kernels and the AVX2
+ * one-token path still prefetch as below. */
 #ifndef DITTO_CPU_PREFETCH_H
 #define DITTO_CPU_PREFETCH_H
 
@@ -67,9 +68,8 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
  * fast ones (the first two gained there too: 1.06-1.28x); the 2- to 8-token kernels mostly read
  * less with them (T = 2: 0.87-1.09x, T = 3-8: 0.59-1.01x; compute, not the stream, sets their
  * pace), and in cache the one-token kernels run ~0.7x (weights of a decode step are never in
- * cache). So only one-token paths use it: the AVX2 repacked kernels and the f32 gemm (the router)
- * in cpu/quant_avx512.c (the AVX-512 repacked ones dropped it with all their software prefetch in
- * the tenth session). bench/cpu-speed.md, ninth session. */
+ * cache). So only the AVX2 one-token path uses it now (the AVX-512 one-token kernels dropped it
+ * with all their software prefetch in the tenth session). bench/cpu-speed.md, ninth session. */
 #define CPU_PF_AGAIN1 16384
 #define CPU_PF_AGAIN2 8192
 static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,
