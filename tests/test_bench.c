@@ -1,6 +1,7 @@
 /* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
  * are there, --paired runs the solo and the unify path step by step and finds their logits
- * bitwise equal, and bad arguments are refused. Timings are printed, never asserted. */
+ * bitwise equal, and likewise a solo stream and row 0 of a 2-stream batch with its prompt;
+ * bad arguments are refused. Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -38,6 +39,15 @@ int main(void) {
     CHECK(strstr(out, "| solo | ") && strstr(out, "| unify (batched) | "), "the paired table has both paths");
     CHECK(strstr(out, "logits bitwise equal at every step: yes") != NULL,
           "paired: the solo and the unify path's logits are bitwise equal at every step");
+    /* paired batches: the 2-stream row, whose last cell says whether batch row 0 (the solo
+     * stream's prompt) had the solo stream's logits, bitwise, at every step */
+    const char *pb = strstr(out, "paired batches (");
+    const char *row2 = pb ? strstr(pb, "\n| 2 | ") : NULL;
+    char cells[512] = "";
+    if (row2) snprintf(cells, sizeof cells, "%.*s", (int)strcspn(row2 + 1, "\n"), row2 + 1);
+    const size_t cl = strlen(cells);
+    CHECK(cl > 8 && !strcmp(cells + cl - 7, "| yes |"),
+          "paired batches: row 0 of a 2-stream batch equals the solo stream bitwise (%s)", cells);
     const char *p = strstr(out, "median of the per-step paired ratios: ");
     double ratio = p ? atof(p + strlen("median of the per-step paired ratios: ")) : 0.0;
     CHECK(ratio > 0.0 && ratio < 100.0, "a finite unify/solo ratio (%g)", ratio);
