@@ -210,13 +210,15 @@ static double median(double *v, int n) {
  * quartiles of the ratios (in %) into q, the median ratio to each pattern alone into
  * by_pattern, the median step's tok/s into tps; *ratio_med = median over the steps of
  * (engine 1's ratio / engine 0's). Both engines decode the same tokens; *same = whether every
- * step's logits were bitwise equal between them. */
+ * step's logits were bitwise equal between them. With trace, each step is also printed as a
+ * table row: the probe's GB/s right after it, its ms, and (engines made with profile) each
+ * stage's ms in it. */
 typedef struct paired_out {
     double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
     bool same;
 } paired_out;
 
-static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int plen, int n, paired_out *po,
+static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int plen, int n, bool trace, paired_out *po,
                       ditto_err *err) {
     DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
     int32_t tok[2], pos[2], sl[2];
@@ -238,6 +240,8 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             uint64_t w0, k0, w1, k1;
             e->be->counters(e->be_state, &w0, &k0);
             engine_batch b = {1, &tok[k], &pos[k], &sl[k], &want};
+            backend_stage tp0[BENCH_STAGES], tp1[BENCH_STAGES];
+            int ntp = e->be->profile(e->be_state, tp0, BENCH_STAGES);
             double t0 = time_now();
             if (engine_forward(e, &b, err) < 0) goto fail;
             double dt = time_now() - t0;
@@ -252,6 +256,19 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs / pat[j];
             t[k][i] = 1.0 / dt;
             if (k == 1) x[i] = r[1][i] / r[0][i];
+            if (trace) { /* one table row per step: the probe beside it, and each stage's ms */
+                ntp = DT_MAX(0, e->be->profile(e->be_state, tp1, BENCH_STAGES));
+                if (i == 0 && k == 0) {
+                    printf("\n| trace: path | step | probe GB/s | step ms |");
+                    for (int s = 0; s < ntp; s++) printf(" %s |", tp1[s].name);
+                    printf("\n|---|---:|---:|---:|");
+                    for (int s = 0; s < ntp; s++) printf("---:|");
+                    printf("\n");
+                }
+                printf("| %s | %d | %.1f | %.2f |", k ? "unify" : "solo", i, 100.0 * gbs / r[k][i], 1e3 * dt);
+                for (int s = 0; s < ntp; s++) printf(" %.3f |", 1e3 * (tp1[s].seconds - tp0[s].seconds));
+                printf("\n");
+            }
         }
     for (int k = 0; k < n_eng; k++) {
         for (int j = 0; j < BENCH_PATTERNS; j++) po->by_pattern[k][j] = median(rp[k][j], n);
@@ -398,7 +415,7 @@ static void print_profile(const bench_row *rows, int n) {
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1, repeat = 1, paired = 0;
-    bool unify = false, profile = false;
+    bool unify = false, profile = false, trace = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -420,8 +437,9 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 100, &paired)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
+        else if (!strcmp(a, "--trace")) trace = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R] [--paired N] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R] [--paired N [--trace]] [--profile]\n");
             return 2;
         }
     }
@@ -523,7 +541,7 @@ int bench_cmd(int argc, char **argv) {
     if (paired) {
         engine *pe[2] = {e, eu};
         paired_out po;
-        if (paired_run(pe, 2, probe, plen, paired, &po, &err) < 0) goto fail;
+        if (paired_run(pe, 2, probe, plen, paired, trace, &po, &err) < 0) goto fail;
         printf("\npaired (%d decode steps of one stream per path, each step followed by one pass of the probe's %d patterns):"
                " step read rate %% of the best pattern right after it\n\n",
                paired, BENCH_PATTERNS);

@@ -1,7 +1,7 @@
 /* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
  * are there, --paired runs the solo and the unify path step by step and finds their logits
- * bitwise equal, and likewise a solo stream and row 0 of a 2-stream batch with its prompt;
- * bad arguments are refused. Timings are printed, never asserted. */
+ * bitwise equal (--trace: a row per step), and likewise a solo stream and row 0 of a
+ * 2-stream batch with its prompt; bad arguments are refused. Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,8 +30,8 @@ static int run_bench(int argc, char **argv, char *buf, size_t cap) {
 int main(void) {
     static char out[1 << 16];
     char *ok[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1,2", "--prompt-len", "8",
-                  "--gen-len", "2", "--threads", "2", "--paired", "3"};
-    int rc = run_bench(13, ok, out, sizeof out);
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--trace"};
+    int rc = run_bench(14, ok, out, sizeof out);
     CHECK(rc == 0, "bench exit %d", rc);
     CHECK(strstr(out, "best of 36)") != NULL, "the probe line names its 36 passes (12 patterns x 3)");
     CHECK(strstr(out, "| 1 | solo |") && strstr(out, "| 2 | batched |") && strstr(out, "| 1 | unify (batched) |"),
@@ -48,6 +48,11 @@ int main(void) {
     const size_t cl = strlen(cells);
     CHECK(cl > 8 && !strcmp(cells + cl - 7, "| yes |"),
           "paired batches: row 0 of a 2-stream batch equals the solo stream bitwise (%s)", cells);
+    /* --trace: one row per paired step and path (3 steps x solo, unify) */
+    int trace_rows = 0;
+    for (const char *q = strstr(out, "\n| trace: path |"); q && (q = strstr(q + 1, "\n| ")) && (!strncmp(q, "\n| solo | ", 10) || !strncmp(q, "\n| unify | ", 11));)
+        trace_rows++;
+    CHECK(trace_rows == 6, "--trace: %d step rows, want 6", trace_rows);
     const char *p = strstr(out, "median of the per-step paired ratios: ");
     double ratio = p ? atof(p + strlen("median of the per-step paired ratios: ")) : 0.0;
     CHECK(ratio > 0.0 && ratio < 100.0, "a finite unify/solo ratio (%g)", ratio);
