@@ -595,7 +595,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         c.layer = l;
         c.norm = L->attn_norm;
         c.w0 = &L->wq, c.w1 = &L->wk, c.w2 = &L->wv;
-        run_items(st, norm_task, &c, n, (long)n * E);
+        run_items(st, norm_task, &c, n, 2L * n * E); /* work: the norm and the quantization pass */
         prof_mark(st, CS_NORM);
         const void *act = act_for(&st->a_embd, &L->wq, &ab);
         job_add(st, &L->wq, 0, act, ab, n, st->q, (size_t)H);
@@ -652,7 +652,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     c.n_out = n_out;
     c.out_rows = out_rows;
     c.w0 = &m->output, c.w1 = c.w2 = NULL;
-    run_items(st, out_norm_task, &c, n_out, (long)n_out * E);
+    run_items(st, out_norm_task, &c, n_out, 2L * n_out * E);
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
     jobs_run(st);
