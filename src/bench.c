@@ -215,6 +215,9 @@ static double median(double *v, int n) {
  * stage's ms in it. */
 typedef struct paired_out {
     double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
+    double split, probe_lo, probe_hi; /* the probes' range and its midpoint, GB/s */
+    double phase[2][2];               /* [path][below / at or above split]: median ratio in %, or -1 */
+    int phase_n[2][2];                /* steps in each */
     bool same;
 } paired_out;
 
@@ -224,7 +227,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
     int32_t tok[2], pos[2], sl[2];
     int held = 0; /* slots acquired */
     uint8_t want = 1;
-    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100];
+    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], pv[2][100];
     float *first = xmalloc(sizeof(float) * (size_t)eng[0]->m->hp.n_vocab);
     for (int k = 0; k < n_eng; k++) {
         uint64_t rng = 77;
@@ -252,7 +255,8 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             tok[k] = sampler_argmax(e->logits, V);
             pos[k]++;
             double gbs = (double)(w1 - w0 + k1 - k0) / dt / 1e9, pat[BENCH_PATTERNS];
-            r[k][i] = 100.0 * gbs / bench_probe_run(probe, 1, pat);
+            pv[k][i] = bench_probe_run(probe, 1, pat);
+            r[k][i] = 100.0 * gbs / pv[k][i];
             for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs / pat[j];
             t[k][i] = 1.0 / dt;
             if (k == 1) x[i] = r[1][i] / r[0][i];
@@ -270,6 +274,20 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
                 printf("\n");
             }
         }
+    /* by phase: steps whose probe lies below / at or above the midpoint of all the probes' range */
+    po->probe_lo = 1e300, po->probe_hi = 0.0;
+    for (int k = 0; k < n_eng; k++)
+        for (int i = 0; i < n; i++) po->probe_lo = DT_MIN(po->probe_lo, pv[k][i]), po->probe_hi = DT_MAX(po->probe_hi, pv[k][i]);
+    po->split = 0.5 * (po->probe_lo + po->probe_hi);
+    for (int k = 0; k < n_eng; k++) {
+        double ph[2][100];
+        int m[2] = {0, 0};
+        for (int i = 0; i < n; i++) {
+            const int h = pv[k][i] >= po->split;
+            ph[h][m[h]++] = r[k][i];
+        }
+        for (int h = 0; h < 2; h++) po->phase[k][h] = m[h] ? median(ph[h], m[h]) : -1.0, po->phase_n[k][h] = m[h];
+    }
     for (int k = 0; k < n_eng; k++) {
         for (int j = 0; j < BENCH_PATTERNS; j++) po->by_pattern[k][j] = median(rp[k][j], n);
         po->q[k][1] = median(r[k], n); /* sorts */
@@ -553,6 +571,15 @@ int bench_cmd(int argc, char **argv) {
                    k ? "unify (batched)" : "solo", po.q[k][1], po.q[k][0], po.q[k][2],
                    po.tps[k], b[0], b[3], b[6], b[9], b[1], b[4], b[7], b[10], b[2], b[5], b[8], b[11]);
         }
+        printf("\nby the probe right after each step, split at %.1f GB/s (midway between the lowest, %.1f, and the highest, %.1f):",
+               po.split, po.probe_lo, po.probe_hi);
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < 2; h++) {
+                printf("%s %s %s: ", h ? "," : k ? ";" : "", k ? "unify" : "solo", h ? "above" : "below");
+                if (po.phase_n[k][h]) printf("%.0f%% (%d steps)", po.phase[k][h], po.phase_n[k][h]);
+                else printf("no steps");
+            }
+        printf("\n");
         printf("\nunify / solo, median of the per-step paired ratios: %.3f; logits bitwise equal at every step: %s\n",
                po.ratio_med, po.same ? "yes" : "NO");
         bool head = false;

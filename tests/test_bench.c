@@ -1,6 +1,6 @@
 /* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
  * are there, --paired runs the solo and the unify path step by step and finds their logits
- * bitwise equal (--trace: a row per step), and likewise a solo stream and row 0 of a
+ * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise a solo stream and row 0 of a
  * 2-stream batch with its prompt; bad arguments are refused. Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
@@ -48,6 +48,17 @@ int main(void) {
     const size_t cl = strlen(cells);
     CHECK(cl > 8 && !strcmp(cells + cl - 7, "| yes |"),
           "paired batches: row 0 of a 2-stream batch equals the solo stream bitwise (%s)", cells);
+    /* the phase split: every path's 3 steps fall below or above the probes' midpoint */
+    const char *ph = strstr(out, "by the probe right after each step, split at ");
+    int steps[4] = {0, 0, 0, 0};
+    const char *keys[4] = {"solo below: ", "solo above: ", "unify below: ", "unify above: "};
+    for (int i = 0; i < 4 && ph; i++) {
+        const char *q = strstr(ph, keys[i]);
+        const char *paren = q ? strchr(q, '(') : NULL;
+        if (q && strncmp(q + strlen(keys[i]), "no steps", 8) && paren) steps[i] = atoi(paren + 1);
+    }
+    CHECK(ph && steps[0] + steps[1] == 3 && steps[2] + steps[3] == 3, "phase split: %d + %d solo, %d + %d unify steps, want 3 each",
+          steps[0], steps[1], steps[2], steps[3]);
     /* --trace: one row per paired step and path (3 steps x solo, unify) */
     int trace_rows = 0;
     for (const char *q = strstr(out, "\n| trace: path |"); q && (q = strstr(q + 1, "\n| ")) && (!strncmp(q, "\n| solo | ", 10) || !strncmp(q, "\n| unify | ", 11));)
