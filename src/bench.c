@@ -244,7 +244,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             e->be->counters(e->be_state, &w0, &k0);
             engine_batch b = {1, &tok[k], &pos[k], &sl[k], &want};
             backend_stage tp0[BENCH_STAGES], tp1[BENCH_STAGES];
-            int ntp = e->be->profile(e->be_state, tp0, BENCH_STAGES);
+            int ntp = trace ? e->be->profile(e->be_state, tp0, BENCH_STAGES) : 0;
             double t0 = time_now();
             if (engine_forward(e, &b, err) < 0) goto fail;
             double dt = time_now() - t0;

@@ -1,7 +1,8 @@
 /* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
  * are there, --paired runs the solo and the unify path step by step and finds their logits
- * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise a solo stream and row 0 of a
- * 2-stream batch with its prompt; bad arguments are refused. Timings are printed, never asserted. */
+ * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise
+ * a solo stream and row 0 of a 2-stream batch with its prompt; bad arguments are refused.
+ * Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -57,11 +58,12 @@ int main(void) {
         const char *paren = q ? strchr(q, '(') : NULL;
         if (q && strncmp(q + strlen(keys[i]), "no steps", 8) && paren) steps[i] = atoi(paren + 1);
     }
-    CHECK(ph && steps[0] + steps[1] == 3 && steps[2] + steps[3] == 3, "phase split: %d + %d solo, %d + %d unify steps, want 3 each",
-          steps[0], steps[1], steps[2], steps[3]);
-    /* --trace: one row per paired step and path (3 steps x solo, unify) */
+    CHECK(ph && steps[0] + steps[1] == 3 && steps[2] + steps[3] == 3,
+          "phase split: %d + %d solo, %d + %d unify steps, want 3 each", steps[0], steps[1], steps[2], steps[3]);
+    /* --trace: one row per paired step and path (3 steps x solo, unify), right after its header */
     int trace_rows = 0;
-    for (const char *q = strstr(out, "\n| trace: path |"); q && (q = strstr(q + 1, "\n| ")) && (!strncmp(q, "\n| solo | ", 10) || !strncmp(q, "\n| unify | ", 11));)
+    const char *q = strstr(out, "\n| trace: path |");
+    while (q && (q = strstr(q + 1, "\n| ")) && (!strncmp(q, "\n| solo | ", 10) || !strncmp(q, "\n| unify | ", 11)))
         trace_rows++;
     CHECK(trace_rows == 6, "--trace: %d step rows, want 6", trace_rows);
     const char *p = strstr(out, "median of the per-step paired ratios: ");
