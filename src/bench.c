@@ -16,13 +16,13 @@ typedef struct bw_ctx {
     const uint8_t *buf;
     size_t bytes;
     int streams; /* interleaved sequential streams per thread */
-    int pf;      /* software prefetch: 0 none, 1 into L1 1 KiB ahead, 2 into L2 CPU_PF_DIST ahead */
+    int pf;      /* software prefetch: 0 none, 1 into L1 1 KiB ahead, 2 as the kernels (cpu/prefetch.h) */
     uint64_t sink[64];
 } bw_ctx;
 
 /* Reads this thread's share of buf as `streams` interleaved sequential streams, 128 bytes
  * per stream per step, with 256-bit loads and no software prefetch (the hardware's alone), or
- * 1 KiB ahead into L1, or the kernels' distance into L2. */
+ * 1 KiB ahead into L1, or as the kernels prefetch (CPU_PF_DIST ahead, CPU_PF_HINT). */
 __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
     bw_ctx *c = ctx;
     size_t per = c->bytes / (size_t)nth, base = per * (size_t)ith;
@@ -504,9 +504,10 @@ int bench_cmd(int argc, char **argv) {
     uint64_t bpt = model_bytes_per_token(m);
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\nbackend: %s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, e->be->describe(e->be_state), arena);
-    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or to L2 %d KiB ahead, 1 GiB on huge pages, best of %d): %.2f GB/s\n",
-           threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, 3 * BENCH_PATTERNS, bw);
-    printf("  by streams per thread, prefetch none / L1 / L2:");
+    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or as the kernels (%d KiB ahead, %s), 1 GiB on huge pages, best of %d): %.2f GB/s\n",
+           threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, CPU_PF_HINT == _MM_HINT_T0 ? "to L1" : "to L2",
+           3 * BENCH_PATTERNS, bw);
+    printf("  by streams per thread, prefetch none / L1 1 KiB / kernels':");
     for (int i = 0; i < BENCH_PATTERNS; i += 3)
         printf("%s %d: %.2f / %.2f / %.2f", i ? "," : "", 1 << (i / 3), pat[i], pat[i + 1], pat[i + 2]);
     printf(" GB/s (the bound uses the best)\n");
@@ -564,7 +565,7 @@ int bench_cmd(int argc, char **argv) {
                " step read rate %% of the best pattern right after it\n\n",
                paired, BENCH_PATTERNS);
         printf("| path | median | quartiles | median tok/s | vs pattern 1 / 2 / 4 / 8 streams per thread, prefetch none |"
-               " L1 | L2 |\n|---|---:|---|---:|---|---|---|\n");
+               " L1 1 KiB | kernels' |\n|---|---:|---|---:|---|---|---|\n");
         for (int k = 0; k < 2; k++) {
             const double *b = po.by_pattern[k];
             printf("| %s | %.0f%% | %.0f–%.0f%% | %.2f | %.0f / %.0f / %.0f / %.0f%% | %.0f / %.0f / %.0f / %.0f%% | %.0f / %.0f / %.0f / %.0f%% |\n",

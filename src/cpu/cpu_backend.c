@@ -177,7 +177,7 @@ static int job_of(const cpu_state *st, int u, int hint) {
     return hint;
 }
 
-/* Prefetches (to L2) the first JOB_PF_BYTES of the weights from unit u on, at most to the
+/* Prefetches (CPU_PF_HINT) the first JOB_PF_BYTES of the weights from unit u on, at most to the
  * end of its job, so the kernel that starts there does not wait a full memory latency for its
  * first lines (its own prefetch runs JOB_PF_BYTES ahead of it). */
 #define JOB_PF_BYTES CPU_PF_DIST

@@ -1,19 +1,19 @@
 /* prefetch.h — how far ahead the CPU kernels software-prefetch a weight stream, and into
  * which cache level.
  *
- * Into L2 (T1), 32 KiB ahead. On this project's development VM, 4 KiB ahead into L1 left
- * the one-token Q4_K kernel reading 20 GB/s from memory where plain loads read 32: a T0
- * prefetch holds one of the core's few L1 miss buffers until its line arrives, and in the
- * VM's slow phases that took long enough to stall the stream. Into L2 the kernel read 29-32;
- * 24-64 KiB ahead was one plateau, 12 KiB fell off (about a microsecond of lead at the
- * ~16 GB/s a thread streams). bench/cpu-speed.md, seventh session. 32 KiB per thread is a
- * small part of any x86 core's L2 (256 KiB or more).
+ * Into L1 (T0), 4 KiB ahead, in every kernel that streams weights. On the Zen 5 host this
+ * project now runs on (2 vCPUs, 65-85 GB/s read by plain loads on both), the hardware
+ * prefetchers alone left the one-token AVX-512 kernels reading ~21 GB/s a thread from memory
+ * where they compute at ~104 GB/s in L1 and plain loads stream at ~33-39: a T0 prefetch 2-8 KiB
+ * ahead read 1.2-2.1x in-process (bench/ab_kernel.sh, q4_k and q6_k, 1 and 2 threads, big and
+ * expert-sized matrices), the 2- and 6-token kernels 1.2-1.8x; into L2 (T1) 32 KiB ahead, as the
+ * multi-token kernels did before, read no more than no prefetch at all. The whole model: solo
+ * decode 18.9 -> 28.5 tok/s, 6 streams 33.2 -> 46.4 (bench/cpu-speed.md, twelfth session).
  *
- * The AVX-512 one-token kernels (repack_avx512.c, and the f32 gemm of the router in
- * quant_avx512.c) use none of this since the tenth session: they read their rows front to back,
- * and the hardware prefetchers stream such a sequence better than any software prefetch pattern
- * tried (1.04-1.21x in-process; bench/cpu-speed.md). The multi-token kernels and the AVX2
- * one-token path still prefetch as below. */
+ * History: on the Zen 4 host of sessions 1-11 the opposite held. There a T0 prefetch held one of
+ * the core's few L1 miss buffers long enough to stall the stream in the VM's slow phases, so the
+ * kernels prefetched into L2 32 KiB ahead, and from the tenth session the AVX-512 one-token kernels
+ * used no software prefetch (the hardware streamed them 1.04-1.21x better). */
 #ifndef DITTO_CPU_PREFETCH_H
 #define DITTO_CPU_PREFETCH_H
 
@@ -21,8 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CPU_PF_DIST 32768      /* bytes ahead in the weight stream */
-#define CPU_PF_HINT _MM_HINT_T1
+#define CPU_PF_DIST 4096 /* bytes ahead in the weight stream */
+#define CPU_PF_HINT _MM_HINT_T0
 
 /* What the calling thread reads right after a kernel call, in order: up to CPU_NEXT_MAX
  * regions (the next matrix of its run, or the inputs of the stage that follows). A kernel's

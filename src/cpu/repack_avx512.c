@@ -31,9 +31,8 @@
  * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
- * The matrix is one sequential stream per group; with two or more tokens it is
- * software-prefetched into L2 CPU_PF_DIST bytes ahead (cpu/prefetch.h), with one token the
- * hardware prefetchers stream it (q4k_group1). */
+ * The matrix is one sequential stream per group, software-prefetched into L1 CPU_PF_DIST bytes
+ * ahead (cpu/prefetch.h), at every token count. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -346,20 +345,29 @@ static const tok_fn tok_table[2][TCH + 1] = {
 };
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
- * one-token path's loop without a call and an accumulator round trip per block. No software
- * prefetch: q4k_one / q6k_one read each block front to back (the Q6_K layout is ordered for it),
- * so the group is one ascending stream that the hardware prefetchers follow, and in-process that
- * read 1.04-1.21x what the same kernels read with the T1 / re-request / T0 prefetches, which
- * disturb the hardware's stream (bench/cpu-speed.md, tenth session). */
-static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc) {
+ * one-token path's loop without a call and an accumulator round trip per block. q4k_one /
+ * q6k_one read each block front to back (the Q6_K layout is ordered for it), and each block's
+ * lines CPU_PF_DIST ahead are prefetched before it, continuing into nx past the call's rows. */
+static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *end, const cpu_next *nx) {
     __m512 a = _mm512_load_ps(acc);
-    for (int b = 0; b < nb; b++) a = q4k_one(G + (size_t)b * RP_Q4K_BLOCK, y + b, a);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+        cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
+        a = q4k_one(B, y + b, a);
+    }
     _mm512_store_ps(acc, a);
 }
-static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc) {
+static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *end, const cpu_next *nx) {
     const uint8_t *B0 = G + rp_q6k_header(nb);
+    cpu_prefetch_ahead(G, rp_q6k_header(nb), end, nx);
     __m512 a = _mm512_load_ps(acc);
-    for (int b = 0; b < nb; b++) a = q6k_one(B0 + (size_t)b * RP_Q6K_BLOCK, G + 32 * b, y + b, a);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = B0 + (size_t)b * RP_Q6K_BLOCK;
+        cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
+        a = q6k_one(B, G + 32 * b, y + b, a);
+    }
     _mm512_store_ps(acc, a);
 }
 
@@ -380,7 +388,7 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
             if (nt == 1) {
                 const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
-                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, acc);
+                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, acc, end, nx);
             } else {
                 if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
                 for (int b = 0; b < nb; b++) {
