@@ -13,7 +13,7 @@ int bench_cmd(int argc, char **argv);
  * 1, 2, 4 and 8 interleaved streams per thread, each with no software prefetch, with prefetch
  * into L1 1 KiB ahead, and as the kernels do (cpu/prefetch.h: into L1, 4 KiB ahead): best of
  * `reps` each, and the best of all twelve patterns; by_pattern (may be NULL) gets each
- * pattern's best: index 3*log2(streams) + (0 none, 1 L1, 2 L2).
+ * pattern's best: index 3*log2(streams) + (0 none, 1 L1 1 KiB, 2 as the kernels).
  * NULL / 0 if out of memory. */
 #define BENCH_PATTERNS 12
 typedef struct bench_probe bench_probe;

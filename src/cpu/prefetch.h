@@ -10,10 +10,13 @@
  * multi-token kernels did before, read no more than no prefetch at all. The whole model: solo
  * decode 18.9 -> 28.5 tok/s, 6 streams 33.2 -> 46.4 (bench/cpu-speed.md, twelfth session).
  *
- * History: on the Zen 4 host of sessions 1-11 the opposite held. There a T0 prefetch held one of
- * the core's few L1 miss buffers long enough to stall the stream in the VM's slow phases, so the
- * kernels prefetched into L2 32 KiB ahead, and from the tenth session the AVX-512 one-token kernels
- * used no software prefetch (the hardware streamed them 1.04-1.21x better). */
+ * History: the host under the VM changes between sessions, and so did the answer. In the seventh
+ * session (a host of the same kind, by the sessions that checked then, but in phases where plain
+ * loads read 30-49 GB/s, and with the kernels of that time) 4 KiB ahead into L1 left the one-token
+ * Q4_K kernel at 20 GB/s where plain loads read 32 — a T0 prefetch holds one of the core's L1 miss
+ * buffers until its line arrives — so the kernels prefetched into L2 32 KiB ahead; on the Zen 4
+ * host of the ninth to eleventh sessions the AVX-512 one-token kernels read best with no software
+ * prefetch at all (1.04-1.21x, tenth session). A host whose latency grows may prefer those again. */
 #ifndef DITTO_CPU_PREFETCH_H
 #define DITTO_CPU_PREFETCH_H
 
