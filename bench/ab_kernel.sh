@@ -7,7 +7,8 @@
 #   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2       # one token, from memory, two threads
 #   bench/ab_kernel.sh HEAD~1 HEAD 1536 1 q4_k 2 300     # 300 expert-sized matrices in turn
 #
-# REV may be WORK for the working tree's file. Both sides compile against the working tree's headers
+# REV may be WORK for the working tree's file. CFLAGS_A / CFLAGS_B add flags to one side's compile,
+# e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B. Both sides compile against the working tree's headers
 # and link its build/libditto.a (rebuilt here if stale; the reference and the repack come from it), so
 # a revision from before a layout change shows as NOT BITWISE EQUAL. K is 2048.
 set -eu
@@ -30,8 +31,10 @@ for side in A B; do
     [ $side = B ] && rev=$B
     if [ "$rev" = WORK ]; then cp src/cpu/repack_avx512.c "$T/$side.c"
     else git show "$rev:src/cpu/repack_avx512.c" > "$T/$side.c"; fi
+    extra=${CFLAGS_A:-}
+    [ $side = B ] && extra=${CFLAGS_B:-}
     # shellcheck disable=SC2086
-    $CC $FLAGS -Wno-unused-function -Drepack_gemm_avx512=repack_gemm_avx512_$side -Drepack_gemm_next_avx512=repack_gemm_next_avx512_$side -c -o "$T/$side.o" "$T/$side.c"
+    $CC $FLAGS $extra -Wno-unused-function -Drepack_gemm_avx512=repack_gemm_avx512_$side -Drepack_gemm_next_avx512=repack_gemm_next_avx512_$side -c -o "$T/$side.o" "$T/$side.c"
 done
 # shellcheck disable=SC2086
 $CC $FLAGS -o "$T/ab_kernel" bench/ab_kernel.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread

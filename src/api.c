@@ -412,8 +412,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
     o->port = 8080;
     o->streams = 8;
     o->ctx = 4096;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    o->threads = ncpu > 0 ? (int)DT_MIN(ncpu, 256) : 1;
+    o->threads = cli_default_threads(256);
     o->max_queue = 64;
     o->prefill_chunk = 64;
     o->grace = 5.0;

@@ -432,7 +432,7 @@ static void print_profile(const bench_row *rows, int n) {
 
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
-    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = 1, repeat = 1, paired = 0;
+    int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -457,7 +457,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R] [--paired N [--trace]] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--paired N [--trace]] [--profile]\n");
             return 2;
         }
     }

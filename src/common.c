@@ -71,3 +71,8 @@ void progress_show(const char *label, uint64_t done, uint64_t total) {
     b[30] = 0;
     fprintf(stderr, "\r%s %3d%% [%s]%s", label, pct, b, done >= total ? "\n" : "");
 }
+
+int cli_default_threads(int hi) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)DT_MIN(n, (long)hi);
+}

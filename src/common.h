@@ -44,6 +44,9 @@ void progress_show(const char *label, uint64_t done, uint64_t total);
  * "ditto CMD: FLAG expects an integer in LO..HI, got 'S'" and returns -1. */
 int cli_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out);
 
+/* The default --threads of serve, run and bench: the CPUs online, at most hi, at least 1. */
+int cli_default_threads(int hi);
+
 #define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT_MAX(a, b) ((a) > (b) ? (a) : (b))
 

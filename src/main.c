@@ -23,10 +23,10 @@ static void usage(FILE *f) {
             "  serve [-m FILE] [--host H] [--port P] [--streams N] [--ctx N] [--threads N] [--max-queue N]\n"
             "        [--api-key KEY | --api-key-file F] [--unify]   OpenAI-compatible HTTP server\n"
             "  info -m FILE                      architecture, hyperparameters, tensor types, sizes\n"
-            "  run  [-m FILE] (--prompt-ids 1,2,3 | -p TEXT | --chat MESSAGE [--think]) [-n N] [--threads T]\n"
+            "  run  [-m FILE] (--prompt-ids 1,2,3 | -p TEXT | --chat MESSAGE [--think]) [-n N] [--threads T=NCPU]\n"
             "       [--logits-hash] [--dump-logits PATH]   greedy generation (ids, or text for -p/--chat)\n"
             "  tokenize [-m FILE] [--pieces] [--no-special] TEXT\n"
-            "  bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T] [--unify] [--repeat R]\n"
+            "  bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R]\n"
             "       [--profile]   decode throughput vs the measured read bandwidth (--profile: per-stage times)\n"
             "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q4_0|q8_0]   random-weight model\n");
 }
@@ -109,7 +109,7 @@ static int cmd_info(int argc, char **argv) {
 static int cmd_run(int argc, char **argv) {
     const char *path = DEFAULT_MODEL, *dump = NULL, *text = NULL, *chat = NULL;
     int32_t *prompt = NULL;
-    int n_prompt = 0, n_gen = 16, threads = 1;
+    int n_prompt = 0, n_gen = 16, threads = cli_default_threads(256);
     bool hash = false, think = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

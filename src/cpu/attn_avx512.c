@@ -1,12 +1,13 @@
 /* attn_avx512.c — AVX-512 attention over a group of query heads sharing one KV
  * head (GQA), bitwise equal to attn_head_generic run head by head:
  *   scores: lane = position; each (head, lane) is its own sequential fma chain over
- *           d. The group's heads are independent chains over the same converted K
- *           vector, so the loop is throughput-bound rather than fma-latency-bound.
+ *           d. The group's heads, over two position groups at once, are 16 independent
+ *           chains (each K vector converted once), so the loop is throughput-bound
+ *           rather than fma-latency-bound.
  *   softmax: per head and chunk, exp as mathx_exp op for op, chunk sums in the
  *           32-lane order.
  *   o_c:    lane = dimension; per (head, lane) a sequential fma over the chunk's
- *           positions. Heads go in sets of 4 and dimensions in sets of 64 (16
+ *           positions. Heads go in sets of 8 and dimensions in sets of 32 (16
  *           accumulators), so each V vector is converted once per head set.
  *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L. */
 #include <immintrin.h>
@@ -19,38 +20,53 @@
 
 #define AI static inline __attribute__((always_inline))
 #define HMAX 8 /* heads per scores pass */
-#define HSET 4 /* heads per o_c pass */
-#define VSET 4 /* 16-dim vectors per o_c pass */
+#define HSET 8 /* heads per o_c pass */
+#define VSET 2 /* 16-dim vectors per o_c pass */
 
 static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
 
-/* s[h][j] = scale * (q_h . k_j) for NH heads, positions 0..n-1 (lane = position).
- * The arena's K and V are usually cold (a whole model streamed through the caches since
- * the last step), so while a position group is scored the K group two ahead and the V
- * rows of this group are prefetched, one line per two dims (a group is hd/2 lines). */
+/* s[h][j] = scale * (q_h . k_j) for NH heads over the NG position groups from group g on
+ * (lane = position). The NG x NH chains are independent, so two groups at once keep both FMA
+ * pipes busy where one group's 8 chains wait on the FMA latency. The arena's K and V are usually
+ * cold (a whole model streamed through the caches since the last step), so while these groups
+ * are scored the K groups two ahead and the V rows of these groups are prefetched, NG lines each
+ * per two dims (a group is hd/2 lines). */
+AI void score_groups(const int NH, const int NG, const float *q, int hd, const fp16_t *K, const fp16_t *V, int g,
+                     int ngr, int n, const __m512 vscale, float *s, size_t ss) {
+    const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
+    const fp16_t *kg = K + (size_t)g * gs;
+    const char *kn = (const char *)(kg + 2 * gs), *vg = (const char *)(V + (size_t)g * gs);
+    const int kn_lines = DT_MAX(0, DT_MIN(NG, ngr - (g + 2))) * (hd / 2);
+    __m512 acc[2][HMAX];
+    _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+        acc[u][h] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += 2) {
+        _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) {
+            const int l = (d / 2) * NG + u;
+            if (l < kn_lines) _mm_prefetch(kn + 64 * l, _MM_HINT_T0);
+            _mm_prefetch(vg + 64 * l, _MM_HINT_T0);
+        }
+        _Pragma("GCC unroll 2") for (int e = d; e < d + 2; e++) _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) {
+            const __m512 k = ld16h(kg + (size_t)u * gs + (size_t)e * KV_POS_GROUP);
+            _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+                acc[u][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * hd + e]), k, acc[u][h]);
+        }
+    }
+    _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) {
+        const int j0 = (g + u) * KV_POS_GROUP;
+        const __mmask16 mk = mask16_first(n - j0);
+        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
+            _mm512_mask_storeu_ps(s + (size_t)h * ss + j0, mk, _mm512_mul_ps(acc[u][h], vscale));
+    }
+}
+
 AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, const fp16_t *V, int n, float scale,
                   float *s, size_t ss) {
     const __m512 vscale = _mm512_set1_ps(scale);
-    const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
-    for (int j0 = 0; j0 < n; j0 += KV_POS_GROUP) {
-        const fp16_t *kg = K + (size_t)(j0 / KV_POS_GROUP) * gs;
-        const char *kn = j0 + 2 * KV_POS_GROUP < n ? (const char *)(kg + 2 * gs) : NULL;
-        const char *vg = (const char *)(V + (size_t)j0 * hd);
-        __m512 acc[HMAX];
-        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) acc[h] = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d++) {
-            if ((d & 1) == 0) {
-                if (kn) _mm_prefetch(kn + 32 * d, _MM_HINT_T0);
-                _mm_prefetch(vg + 32 * d, _MM_HINT_T0);
-            }
-            const __m512 k = ld16h(kg + (size_t)d * KV_POS_GROUP);
-            _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
-                acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)h * hd + d]), k, acc[h]);
-        }
-        const __mmask16 mk = mask16_first(n - j0);
-        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
-            _mm512_mask_storeu_ps(s + (size_t)h * ss + j0, mk, _mm512_mul_ps(acc[h], vscale));
-    }
+    const int ngr = (n + KV_POS_GROUP - 1) / KV_POS_GROUP;
+    int g = 0;
+    for (; g + 2 <= ngr; g += 2) score_groups(NH, 2, q, hd, K, V, g, ngr, n, vscale, s, ss);
+    if (g < ngr) score_groups(NH, 1, q, hd, K, V, g, ngr, n, vscale, s, ss);
 }
 
 static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
@@ -89,47 +105,36 @@ static float chunk_exp(float *s, int len, float m) {
 AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int hd,
                  int v0, const float *w, float *O) {
     __m512 oc[HSET][VSET];
-    _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++)
         oc[h][v] = _mm512_setzero_ps();
     for (int j = j0; j < j1; j++) {
         const fp16_t *vj = V + (size_t)j * hd + 16 * v0;
         __m512 vv[VSET];
-        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) vv[v] = ld16h(vj + 16 * v);
-        _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+        _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) vv[v] = ld16h(vj + 16 * v);
+        _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
             const __m512 pj = _mm512_set1_ps(p[(size_t)h * ss + j]);
-            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) oc[h][v] = _mm512_fmadd_ps(pj, vv[v], oc[h][v]);
+            _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) oc[h][v] = _mm512_fmadd_ps(pj, vv[v], oc[h][v]);
         }
     }
-    _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
+    _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
         const __m512 vw = _mm512_set1_ps(w[h]);
-        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {
+        _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) {
             float *o = O + (size_t)h * hd + 16 * (v0 + v);
             _mm512_storeu_ps(o, _mm512_fmadd_ps(vw, oc[h][v], _mm512_loadu_ps(o)));
         }
     }
 }
 
-#define PV_CASE(NH, NV) pv_block(NH, NV, p, ss, V, j0, j1, hd, v0, w, O)
+#define PV_CASE(NH, NV)                                                                                      \
+    case (NH - 1) * VSET + (NV - 1): pv_block(NH, NV, p, ss, V, j0, j1, hd, v0, w, O); break
 static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int hd, int v0,
                const float *w, float *O) {
     DT_ASSERT(nh >= 1 && nh <= HSET && nv >= 1 && nv <= VSET);
     switch ((nh - 1) * VSET + (nv - 1)) {
-    case 0: PV_CASE(1, 1); break;
-    case 1: PV_CASE(1, 2); break;
-    case 2: PV_CASE(1, 3); break;
-    case 3: PV_CASE(1, 4); break;
-    case 4: PV_CASE(2, 1); break;
-    case 5: PV_CASE(2, 2); break;
-    case 6: PV_CASE(2, 3); break;
-    case 7: PV_CASE(2, 4); break;
-    case 8: PV_CASE(3, 1); break;
-    case 9: PV_CASE(3, 2); break;
-    case 10: PV_CASE(3, 3); break;
-    case 11: PV_CASE(3, 4); break;
-    case 12: PV_CASE(4, 1); break;
-    case 13: PV_CASE(4, 2); break;
-    case 14: PV_CASE(4, 3); break;
-    default: PV_CASE(4, 4); break;
+        PV_CASE(1, 1); PV_CASE(1, 2); PV_CASE(2, 1); PV_CASE(2, 2); PV_CASE(3, 1); PV_CASE(3, 2);
+        PV_CASE(4, 1); PV_CASE(4, 2); PV_CASE(5, 1); PV_CASE(5, 2); PV_CASE(6, 1); PV_CASE(6, 2);
+        PV_CASE(7, 1); PV_CASE(7, 2); PV_CASE(8, 1); PV_CASE(8, 2);
+    default: DT_ASSERT(0);
     }
 }
 

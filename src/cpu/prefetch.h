@@ -24,8 +24,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Overridable at build time (bench/ab_kernel.sh compares forms in one process); CPU_PF_DIST 0
+ * turns the kernels' weight-stream prefetch off. */
+#ifndef CPU_PF_DIST
 #define CPU_PF_DIST 4096 /* bytes ahead in the weight stream */
+#endif
+#ifndef CPU_PF_HINT
 #define CPU_PF_HINT _MM_HINT_T0
+#endif
 
 /* What the calling thread reads right after a kernel call, in order: up to CPU_NEXT_MAX
  * regions (the next matrix of its run, or the inputs of the stage that follows). A kernel's
@@ -42,6 +48,7 @@ typedef struct cpu_next {
  * call's rows) from the call's own stream, beyond it from nx's regions (none if nx is NULL). */
 static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8_t *p, size_t bytes,
                                                                      const uint8_t *end, const cpu_next *nx) {
+    if (CPU_PF_DIST == 0) return;
     const uint8_t *q = p + CPU_PF_DIST;
     if (q + bytes <= end) {
         for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);

@@ -347,10 +347,11 @@ static const tok_fn tok_table[2][TCH + 1] = {
 /* One token against one 16-row group (every block, the accumulators in registers): the
  * one-token path's loop without a call and an accumulator round trip per block. q4k_one /
  * q6k_one read each block front to back (the Q6_K layout is ordered for it), and each block's
- * lines CPU_PF_DIST ahead are prefetched before it, continuing into nx past the call's rows. */
+ * lines CPU_PF_DIST ahead are prefetched before it, continuing into nx past the call's rows.
+ * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *end, const cpu_next *nx) {
-    __m512 a = _mm512_load_ps(acc);
+    __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
@@ -362,7 +363,7 @@ static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const
                                                  const uint8_t *end, const cpu_next *nx) {
     const uint8_t *B0 = G + rp_q6k_header(nb);
     cpu_prefetch_ahead(G, rp_q6k_header(nb), end, nx);
-    __m512 a = _mm512_load_ps(acc);
+    __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = B0 + (size_t)b * RP_Q6K_BLOCK;
         cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
@@ -385,11 +386,11 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
-            memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
             if (nt == 1) {
                 const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
                 (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, acc, end, nx);
             } else {
+                for (int t = 0; t < nt; t++) _mm512_store_ps(acc + 16 * t, _mm512_setzero_ps());
                 if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
                 for (int b = 0; b < nb; b++) {
                     const uint8_t *B = G + hdr + (size_t)b * bb;
