@@ -127,6 +127,32 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
+/* acc += vpdpwssd(W, broadcast of the int16 pair at p), the broadcast in the memory operand. */
+AI __m512i dpw_bcast(__m512i acc, __m512i W, const int16_t *p) {
+#ifdef RP_NO_ASM
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_dpwssd_epi32(acc, W, _mm512_set1_epi32(v));
+#else
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(W), "m"(*(const bytes4 *)(const void *)p));
+    return acc;
+#endif
+}
+/* byte n of each dword, twice, as two zero-extended int16: lane r = (b, b) */
+AI __m512i byte_to_word_pair(__m512i v, int n) {
+    const int o = 0x00010001 * n;
+    const __m512i idx = _mm512_set4_epi32((int)0x800c800c + o, (int)0x80088008 + o, (int)0x80048004 + o, (int)0x80008000 + o);
+    return _mm512_shuffle_epi8(v, idx);
+}
+/* The same M from mm[j] lane r = int16 (m_j, m_j) of row r (byte_to_word_pair of mlo / mhi):
+ * pair j of the token's bsums, (bsum_2j, bsum_2j+1), straight from memory into vpdpwssd —
+ * no per-token preparation, for the kernels that run several tokens against one block. */
+AI __m512i q4k_min_sum_pairs(const __m512i mm[8], const block_q8k *y) {
+    __m512i M = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) M = dpw_bcast(M, mm[j], y->bsums + 2 * j);
+    return M;
+}
+
 /* The min term's M = sum_j m_j * (bsum_2j + bsum_2j+1) of one token, 16 rows at once: mp[p]
  * lane r = int16 (m_2p, m_2p+1) of row r (bytes_to_words of mlo / mhi). */
 AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
@@ -168,12 +194,19 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
         }
     }
     const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
-                           bytes_to_words(mhi, 1)};
+    /* from 4 tokens on the per-token bsums preparation costs more than 4 extra shuffles */
+    __m512i mm[8], mp[4];
+    if (T >= 4) {
+        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) mm[n] = byte_to_word_pair(mlo, n),
+                                                             mm[4 + n] = byte_to_word_pair(mhi, n);
+    } else {
+        mp[0] = bytes_to_words(mlo, 0), mp[1] = bytes_to_words(mlo, 1);
+        mp[2] = bytes_to_words(mhi, 0), mp[3] = bytes_to_words(mhi, 1);
+    }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        const __m512i M = q4k_min_sum(mp, y[t]);
+        const __m512i M = T >= 4 ? q4k_min_sum_pairs(mm, y[t]) : q4k_min_sum(mp, y[t]);
         __m512 a = _mm512_load_ps(acc + 16 * t);
         a = chain(a, d, y[t]->d, I[t]);
         a = chain_neg(a, dmin, y[t]->d, M);
