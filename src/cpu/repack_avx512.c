@@ -194,19 +194,13 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
         }
     }
     const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    /* from 4 tokens on the per-token bsums preparation costs more than 4 extra shuffles */
-    __m512i mm[8], mp[4];
-    if (T >= 4) {
-        _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) mm[n] = byte_to_word_pair(mlo, n),
-                                                             mm[4 + n] = byte_to_word_pair(mhi, n);
-    } else {
-        mp[0] = bytes_to_words(mlo, 0), mp[1] = bytes_to_words(mlo, 1);
-        mp[2] = bytes_to_words(mhi, 0), mp[3] = bytes_to_words(mhi, 1);
-    }
+    __m512i mm[8];
+    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) mm[n] = byte_to_word_pair(mlo, n),
+                                                         mm[4 + n] = byte_to_word_pair(mhi, n);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        const __m512i M = T >= 4 ? q4k_min_sum_pairs(mm, y[t]) : q4k_min_sum(mp, y[t]);
+        const __m512i M = q4k_min_sum_pairs(mm, y[t]);
         __m512 a = _mm512_load_ps(acc + 16 * t);
         a = chain(a, d, y[t]->d, I[t]);
         a = chain_neg(a, dmin, y[t]->d, M);
