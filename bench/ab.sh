@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench/ab.sh — A/B of two commits with `ditto bench`, runs alternating (A B A B ...), so the
 # shared machine's drift hits both sides alike; prints each run's rows and per-stage profile,
-# labelled, then the medians of each side's aggregate tok/s per row.
+# labelled, then the medians of each side's aggregate tok/s per row and of its prefill rate.
 #
 #   bench/ab.sh REV_A REV_B [RUNS=2] -- BENCH_ARGS...
 #   bench/ab.sh HEAD~1 HEAD 3 -- -m /tmp/q12.gguf --streams 1,6,16 --prompt-len 128 --gen-len 32 --threads 2
@@ -39,7 +39,7 @@ while [ $i -lt "$RUNS" ]; do
         if [ $side = A ]; then bin=$BA; rev=$A; else bin=$BB; rev=$B; fi
         echo "## run $((i + 1)) $side ($rev)"
         # the bench finds the default model relative to the current directory
-        (cd "$ROOT" && "$bin" bench "$@" --profile) | grep -E '^\| |^paired|^  median' | grep -v -- '---' | tee -a "$OUT.$side"
+        (cd "$ROOT" && "$bin" bench "$@" --profile) | grep -E '^\| |^paired|^  median|^prefill' | grep -v -- '---' | tee -a "$OUT.$side"
     done
     i=$((i + 1))
 done
@@ -50,5 +50,10 @@ for side in A B; do
         END { for (k in v) { n = split(v[k], a, " "); for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
               if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
               m = n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2; printf "%s %s: %.2f tok/s (%d runs)\n", side, k, m, n } }' "$OUT.$side" | sort
+    # "prefill: P tokens in S s = R tok/s ..."
+    awk -v side=$side '/^prefill:/ { for (i = 1; i < NF; i++) if ($i == "=") v = v " " $(i + 1) }
+        END { n = split(v, a, " "); if (!n) exit; for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+              if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+              printf "%s prefill: %.1f tok/s median (%s)\n", side, n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2, v }' "$OUT.$side"
 done
 rm -f "$OUT" "$OUT.A" "$OUT.B"
