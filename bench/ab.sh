@@ -39,7 +39,7 @@ while [ $i -lt "$RUNS" ]; do
         if [ $side = A ]; then bin=$BA; rev=$A; else bin=$BB; rev=$B; fi
         echo "## run $((i + 1)) $side ($rev)"
         # the bench finds the default model relative to the current directory
-        (cd "$ROOT" && "$bin" bench "$@" --profile) | grep -E '^\| |^paired|^  median|^prefill' | grep -v -- '---' | tee -a "$OUT.$side"
+        (cd "$ROOT" && "$bin" bench "$@" --profile) | grep -E '^\| |^paired|^  median|^prefill|^cpu:' | grep -v -- '---' | tee -a "$OUT.$side"
     done
     i=$((i + 1))
 done

@@ -430,6 +430,30 @@ static void print_profile(const bench_row *rows, int n) {
     printf("\n");
 }
 
+/* "MODEL NAME (VENDOR family F model M), N CPUs online" from /proc/cpuinfo's first processor:
+ * the VM's host changes between runs, and figures compare only on one. "unknown" parts where
+ * the file or a field is missing. */
+static void cpu_describe(char *buf, size_t cap) {
+    char name[128] = "unknown", vendor[32] = "unknown", fam[16] = "?", mod[16] = "?", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (line[0] == '\n') break; /* the end of the first processor's block */
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *v = colon + 1 + strspn(colon + 1, " \t");
+        v[strcspn(v, "\n")] = 0;
+        size_t kl = (size_t)(colon - line); /* the key, trailing blanks cut */
+        while (kl && (line[kl - 1] == ' ' || line[kl - 1] == '\t')) kl--;
+        line[kl] = 0;
+        if (!strcmp(line, "vendor_id")) snprintf(vendor, sizeof vendor, "%s", v);
+        else if (!strcmp(line, "cpu family")) snprintf(fam, sizeof fam, "%s", v);
+        else if (!strcmp(line, "model")) snprintf(mod, sizeof mod, "%s", v);
+        else if (!strcmp(line, "model name")) snprintf(name, sizeof name, "%s", v);
+    }
+    if (f) fclose(f);
+    snprintf(buf, cap, "%s (%s family %s model %s), %d CPUs online", name, vendor, fam, mod, cli_default_threads(1 << 20));
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
@@ -502,8 +526,11 @@ int bench_cmd(int argc, char **argv) {
     double pat[BENCH_PATTERNS] = {0};
     double bw = bench_probe_run(probe, 3, pat);
     uint64_t bpt = model_bytes_per_token(m);
-    printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\nbackend: %s\n%s\n",
-           path, (double)m->n_params / 1e9, tl, tc, e->be->describe(e->be_state), arena);
+    char cpu[256];
+    cpu_describe(cpu, sizeof cpu);
+    printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\ncpu: %s\nbackend: "
+           "%s\n%s\n",
+           path, (double)m->n_params / 1e9, tl, tc, cpu, e->be->describe(e->be_state), arena);
     printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or as the kernels (%d KiB ahead, %s), 1 GiB on huge pages, best of %d): %.2f GB/s\n",
            threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, CPU_PF_HINT == _MM_HINT_T0 ? "to L1" : "to L2",
            3 * BENCH_PATTERNS, bw);

@@ -35,6 +35,9 @@ int main(void) {
     int rc = run_bench(14, ok, out, sizeof out);
     CHECK(rc == 0, "bench exit %d", rc);
     CHECK(strstr(out, "best of 36)") != NULL, "the probe line names its 36 passes (12 patterns x 3)");
+    const char *cpu = strstr(out, "\ncpu: ");
+    CHECK(cpu && strstr(cpu, " family ") && strstr(cpu, "CPUs online\nbackend: "),
+          "the header names the CPU (model, vendor, family, model number) and the CPUs online before the backend");
     CHECK(strstr(out, "| 1 | solo |") && strstr(out, "| 2 | batched |") && strstr(out, "| 1 | unify (batched) |"),
           "solo, batched and unify rows");
     CHECK(strstr(out, "| solo | ") && strstr(out, "| unify (batched) | "), "the paired table has both paths");
