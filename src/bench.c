@@ -436,7 +436,11 @@ static void print_profile(const bench_row *rows, int n) {
 static void cpu_describe(char *buf, size_t cap) {
     char name[128] = "unknown", vendor[32] = "unknown", fam[16] = "?", mod[16] = "?", line[512];
     FILE *f = fopen("/proc/cpuinfo", "r");
+    bool at_start = true; /* line holds the start of a line, not the rest of a long one (flags) */
     while (f && fgets(line, sizeof line, f)) {
+        const bool start = at_start;
+        at_start = strchr(line, '\n') != NULL;
+        if (!start) continue;
         if (line[0] == '\n') break; /* the end of the first processor's block */
         char *colon = strchr(line, ':');
         if (!colon) continue;
