@@ -22,7 +22,7 @@ typedef struct bw_ctx {
 
 /* Reads this thread's share of buf as `streams` interleaved sequential streams, 128 bytes
  * per stream per step, with 256-bit loads and no software prefetch (the hardware's alone), or
- * 1 KiB ahead into L1, or as the kernels prefetch (CPU_PF_DIST ahead, CPU_PF_HINT). */
+ * 1 KiB ahead into L1, or as the kernels prefetch (cpu_prefetch_line: cpu/prefetch.h). */
 __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
     bw_ctx *c = ctx;
     size_t per = c->bytes / (size_t)nth, base = per * (size_t)ith;
@@ -32,8 +32,8 @@ __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth)
         for (int s = 0; s < c->streams; s++) {
             const uint8_t *q = c->buf + base + (size_t)s * span + i * 128;
             if (c->pf == 2) {
-                _mm_prefetch((const char *)q + CPU_PF_DIST, CPU_PF_HINT);
-                _mm_prefetch((const char *)q + CPU_PF_DIST + 64, CPU_PF_HINT);
+                cpu_prefetch_line((const char *)q);
+                cpu_prefetch_line((const char *)q + 64);
             } else if (c->pf == 1) {
                 _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
                 _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);
@@ -530,13 +530,16 @@ int bench_cmd(int argc, char **argv) {
     double pat[BENCH_PATTERNS] = {0};
     double bw = bench_probe_run(probe, 3, pat);
     uint64_t bpt = model_bytes_per_token(m);
-    char cpu[256];
+    char cpu[256], pf_form[96];
     cpu_describe(cpu, sizeof cpu);
+    snprintf(pf_form, sizeof pf_form, "%d B ahead to %s and %d B to %s; 0 = none", CPU_PF_DIST,
+             CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_PF_FAR, CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
+
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\ncpu: %s\nbackend: "
            "%s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, cpu, e->be->describe(e->be_state), arena);
-    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or as the kernels (%d KiB ahead, %s), 1 GiB on huge pages, best of %d): %.2f GB/s\n",
-           threads, threads > 1 ? "s" : "", CPU_PF_DIST / 1024, CPU_PF_HINT == _MM_HINT_T0 ? "to L1" : "to L2",
+    printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or as the kernels (%s), 1 GiB on huge pages, best of %d): %.2f GB/s\n",
+           threads, threads > 1 ? "s" : "", pf_form,
            3 * BENCH_PATTERNS, bw);
     printf("  by streams per thread, prefetch none / L1 1 KiB / kernels':");
     for (int i = 0; i < BENCH_PATTERNS; i += 3)

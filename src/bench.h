@@ -11,7 +11,7 @@ int bench_cmd(int argc, char **argv);
 /* A read-bandwidth probe: a buffer of `bytes` (on huge pages where available, touched once)
  * and n_threads threads. bench_probe_run returns GB/s: wide vector loads over the buffer as
  * 1, 2, 4 and 8 interleaved streams per thread, each with no software prefetch, with prefetch
- * into L1 1 KiB ahead, and as the kernels do (cpu/prefetch.h: into L1, 4 KiB ahead): best of
+ * into L1 1 KiB ahead, and as the kernels do (cpu/prefetch.h: into L1 1 KiB and L2 8 KiB ahead): best of
  * `reps` each, and the best of all twelve patterns; by_pattern (may be NULL) gets each
  * pattern's best: index 3*log2(streams) + (0 none, 1 L1 1 KiB, 2 as the kernels).
  * NULL / 0 if out of memory. */

@@ -177,19 +177,23 @@ static int job_of(const cpu_state *st, int u, int hint) {
     return hint;
 }
 
-/* Prefetches (CPU_PF_HINT) the first JOB_PF_BYTES of the weights from unit u on, at most to the
- * end of its job, so the kernel that starts there does not wait a full memory latency for its
- * first lines (its own prefetch runs JOB_PF_BYTES ahead of it). */
+/* Prefetches the start of the weights from unit u on, at most to the end of its job, so the
+ * kernel that starts there does not wait a full memory latency for its first lines: the first
+ * JOB_PF_BYTES into L1 and, where `far` (a stream that no earlier call of this thread continues
+ * into), the lines up to CPU_PF_FAR into L2 — the kernel's own requests run that far ahead of it. */
 #define JOB_PF_BYTES CPU_PF_DIST
-static void job_prefetch(const cpu_state *st, int u, int ji) {
+static void job_prefetch(const cpu_state *st, int u, int ji, bool far) {
     const gemm_job *j = &st->jobs[ji];
     const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
-    const size_t n = DT_MIN((size_t)JOB_PF_BYTES, (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride);
+    const size_t left = (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride;
+    const size_t n = DT_MIN((size_t)JOB_PF_BYTES, left);
     for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
+    if (far)
+        for (size_t o = n; o < DT_MIN((size_t)CPU_PF_FAR, left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
 }
 
 /* The weights of job ji from unit u on, past the JOB_PF_BYTES that job_prefetch takes, up to
- * CPU_PF_DIST of them and at most to the job's end: where the kernel before unit u keeps
+ * CPU_PF_SPAN of them and at most to the job's end: where the kernel before unit u keeps
  * streaming once its own rows end. */
 static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
     const gemm_job *j = &st->jobs[ji];
@@ -198,7 +202,7 @@ static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
     nx->n = 0;
     if (off < len) {
         nx->p[0] = (const uint8_t *)j->w + off;
-        nx->len[0] = DT_MIN((size_t)CPU_PF_DIST, len - off);
+        nx->len[0] = DT_MIN((size_t)CPU_PF_SPAN, len - off);
         nx->n = 1;
     }
 }
@@ -216,7 +220,7 @@ static void jobs_task(void *ctx, int ith, int nth) {
     bool own, first = true;
     const int end = claim_seg_end(&st->claim, ith);
     while (claim_next(&st->claim, ith, &a, &b, &own)) {
-        if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji));
+        if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji), true);
         first = false;
         for (int u = a; u < b;) {
             ji = job_of(st, u, ji);
@@ -225,7 +229,7 @@ static void jobs_task(void *ctx, int ith, int nth) {
             cpu_next nx = {0};
             if (e < b || (own && e < end)) {
                 const int jn = job_of(st, e, ji);
-                job_prefetch(st, e, jn);
+                job_prefetch(st, e, jn, false);
                 job_next(st, e, jn, &nx);
             } else if (ith == 0 && own && e == end)
                 nx = st->warm;

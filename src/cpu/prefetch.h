@@ -1,22 +1,25 @@
 /* prefetch.h — how far ahead the CPU kernels software-prefetch a weight stream, and into
  * which cache level.
  *
- * Into L1 (T0), 4 KiB ahead, in every kernel that streams weights. On the Zen 5 host this
- * project now runs on (2 vCPUs, 65-85 GB/s read by plain loads on both), the hardware
- * prefetchers alone left the one-token AVX-512 kernels reading ~21 GB/s a thread from memory
- * where they compute at ~104 GB/s in L1 and plain loads stream at ~33-39: a T0 prefetch 2-8 KiB
- * ahead read 1.2-2.1x in-process (bench/ab_kernel.sh, q4_k and q6_k, 1 and 2 threads, big and
- * expert-sized matrices), the 2- and 6-token kernels 1.2-1.8x; into L2 (T1) 32 KiB ahead, as the
- * multi-token kernels did before, read no more than no prefetch at all. The whole model: solo
- * decode 18.9 -> 28.5 tok/s, 6 streams 33.2 -> 46.4 (bench/cpu-speed.md, twelfth session).
+ * Two requests per line: into L1 (T0) CPU_PF_DIST = 1 KiB ahead, and into L2 (T1) CPU_PF_FAR =
+ * 8 KiB ahead, in every kernel that streams weights. On the Intel host of the thirteenth and
+ * fourteenth sessions (Emerald Rapids, 2 vCPUs, 21-31 GB/s on both) a T0 request holds one of
+ * the core's L1 miss buffers until its line arrives from memory, and with T0 alone 4 KiB ahead
+ * those buffers were full most of the time (perf: 76% of the one-token kernel's samples on the
+ * instruction after a prefetcht0); the far T1 request brings the line into L2 first, so the
+ * near T0 one waits only for L2: in-process (bench/ab_kernel.sh, 0.45 GiB, one token, two
+ * threads) 1.05-1.07x the T0-4 KiB form on Q4_K, 1.03-1.10x on Q6_K (bench/cpu-speed.md,
+ * fourteenth session).
  *
- * History: the host under the VM changes between sessions, and so did the answer. In the seventh
- * session (a host of the same kind, by the sessions that checked then, but in phases where plain
- * loads read 30-49 GB/s, and with the kernels of that time) 4 KiB ahead into L1 left the one-token
- * Q4_K kernel at 20 GB/s where plain loads read 32 — a T0 prefetch holds one of the core's L1 miss
- * buffers until its line arrives — so the kernels prefetched into L2 32 KiB ahead; on the Zen 4
- * host of the ninth to eleventh sessions the AVX-512 one-token kernels read best with no software
- * prefetch at all (1.04-1.21x, tenth session). A host whose latency grows may prefer those again. */
+ * History: the host under the VM changes between sessions, and so did the answer. On the Zen 5
+ * host of the twelfth session T0 4 KiB ahead alone read 1.2-2.1x no software prefetch (the
+ * hardware prefetchers alone left the one-token AVX-512 kernels at ~21 GB/s a thread), and a
+ * second, far T1/T2 request beside it read 0.75-0.96x there. In the seventh session (a host of
+ * the same kind, in phases where plain loads read 30-49 GB/s, and with the kernels of that
+ * time) 4 KiB ahead into L1 left the one-token Q4_K kernel at 20 GB/s where plain loads read
+ * 32, so the kernels prefetched into L2 32 KiB ahead; on the Zen 4 host of the ninth to
+ * eleventh sessions the AVX-512 one-token kernels read best with no software prefetch at all
+ * (1.04-1.21x, tenth session). A host whose latency grows may prefer those again. */
 #ifndef DITTO_CPU_PREFETCH_H
 #define DITTO_CPU_PREFETCH_H
 
@@ -25,18 +28,33 @@
 #include <stdint.h>
 
 /* Overridable at build time (bench/ab_kernel.sh compares forms in one process); CPU_PF_DIST 0
- * turns the kernels' weight-stream prefetch off. */
+ * turns the near request off, CPU_PF_FAR 0 the far one. */
 #ifndef CPU_PF_DIST
-#define CPU_PF_DIST 4096 /* bytes ahead in the weight stream */
+#define CPU_PF_DIST 1024 /* bytes ahead in the weight stream, near request */
 #endif
 #ifndef CPU_PF_HINT
 #define CPU_PF_HINT _MM_HINT_T0
 #endif
+#ifndef CPU_PF_FAR
+#define CPU_PF_FAR 8192 /* bytes ahead, far request */
+#endif
+#ifndef CPU_PF_FAR_HINT
+#define CPU_PF_FAR_HINT _MM_HINT_T1
+#endif
+/* How far past a call's rows its requests reach: the length a continuation (cpu_next) needs. */
+#define CPU_PF_SPAN (CPU_PF_FAR > CPU_PF_DIST ? CPU_PF_FAR : CPU_PF_DIST)
+
+/* Both requests for the line at p (a stream read front to back; no bound check: a prefetch
+ * past the end of a mapping does not fault). */
+static inline __attribute__((always_inline)) void cpu_prefetch_line(const char *p) {
+    if (CPU_PF_FAR) _mm_prefetch(p + CPU_PF_FAR, CPU_PF_FAR_HINT);
+    if (CPU_PF_DIST) _mm_prefetch(p + CPU_PF_DIST, CPU_PF_HINT);
+}
 
 /* What the calling thread reads right after a kernel call, in order: up to CPU_NEXT_MAX
  * regions (the next matrix of its run, or the inputs of the stage that follows). A kernel's
  * prefetch that runs past the end of its call's rows continues into them at the same lead, so
- * the stream does not go quiet for the call's last CPU_PF_DIST bytes. */
+ * the stream does not go quiet for the call's last CPU_PF_SPAN bytes. */
 #define CPU_NEXT_MAX 4
 typedef struct cpu_next {
     int n;
@@ -44,29 +62,45 @@ typedef struct cpu_next {
     size_t len[CPU_NEXT_MAX];
 } cpu_next;
 
-/* Prefetches the `bytes` that lie CPU_PF_DIST ahead of p: before `end` (the end of the
+/* _mm_prefetch with the hint as a value (a constant once inlined). */
+static inline __attribute__((always_inline)) void cpu_pf(const void *p, int hint) {
+    switch (hint) {
+    case _MM_HINT_T0: _mm_prefetch(p, _MM_HINT_T0); break;
+    case _MM_HINT_T1: _mm_prefetch(p, _MM_HINT_T1); break;
+    case _MM_HINT_T2: _mm_prefetch(p, _MM_HINT_T2); break;
+    default: _mm_prefetch(p, _MM_HINT_NTA); break;
+    }
+}
+
+/* Prefetches the `bytes` that lie `dist` ahead of p with `hint`: before `end` (the end of the
  * call's rows) from the call's own stream, beyond it from nx's regions (none if nx is NULL). */
-static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8_t *p, size_t bytes,
-                                                                     const uint8_t *end, const cpu_next *nx) {
-    if (CPU_PF_DIST == 0) return;
-    const uint8_t *q = p + CPU_PF_DIST;
+static inline __attribute__((always_inline)) void cpu_prefetch_tier(const uint8_t *p, size_t bytes, const uint8_t *end,
+                                                                    const cpu_next *nx, size_t dist, int hint) {
+    const uint8_t *q = p + dist;
     if (q + bytes <= end) {
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)q + o, CPU_PF_HINT);
+        for (size_t o = 0; o < bytes; o += 64) cpu_pf(q + o, hint);
         return;
     }
     if (!nx) return;
     for (size_t o = 0; o < bytes; o += 64) {
         if (q + o < end) {
-            _mm_prefetch((const char *)q + o, CPU_PF_HINT);
+            cpu_pf(q + o, hint);
             continue;
         }
         size_t t = (size_t)(q + o - end);
         for (int i = 0; i < nx->n; t -= nx->len[i], i++)
             if (t < nx->len[i]) {
-                _mm_prefetch((const char *)nx->p[i] + t, CPU_PF_HINT);
+                cpu_pf(nx->p[i] + t, hint);
                 break;
             }
     }
+}
+
+/* Both requests for the `bytes` at p, the far one first (it has the longer wait ahead). */
+static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8_t *p, size_t bytes,
+                                                                     const uint8_t *end, const cpu_next *nx) {
+    if (CPU_PF_FAR) cpu_prefetch_tier(p, bytes, end, nx, CPU_PF_FAR, CPU_PF_FAR_HINT);
+    if (CPU_PF_DIST) cpu_prefetch_tier(p, bytes, end, nx, CPU_PF_DIST, CPU_PF_HINT);
 }
 
 /* Requests the lines of the block CPU_PF_AGAIN1 and CPU_PF_AGAIN2 bytes ahead of p into L2 again,

@@ -397,8 +397,8 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
     const int esz = type == QT_F32 ? 4 : 2;
     for (; e + 32 <= k; e += 32) {
         /* the rows are one sequential stream: fetch ahead of it (cpu/prefetch.h) */
-        _mm_prefetch((const char *)wr + (size_t)e * esz + CPU_PF_DIST, CPU_PF_HINT);
-        if (esz == 4) _mm_prefetch((const char *)wr + (size_t)e * esz + CPU_PF_DIST + 64, CPU_PF_HINT);
+        cpu_prefetch_line((const char *)wr + (size_t)e * esz);
+        if (esz == 4) cpu_prefetch_line((const char *)wr + (size_t)e * esz + 64);
         const __m512 w0 = fl_load(type, wr, e), w1 = fl_load(type, wr, e + 16);
         UNROLL for (int t = 0; t < NT; t++) {
             A0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + e), A0[t]);

@@ -31,8 +31,8 @@
  * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
- * The matrix is one sequential stream per group, software-prefetched into L1 CPU_PF_DIST bytes
- * ahead (cpu/prefetch.h), at every token count. */
+ * The matrix is one sequential stream per group, software-prefetched CPU_PF_DIST bytes ahead into
+ * L1 and CPU_PF_FAR into L2 (cpu/prefetch.h), at every token count. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -212,14 +212,19 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
  * and fp32 chain as q4k_tokens(1, ...), but the 8 sub-block sums run as 8 interleaved chains
  * (vector i of all four pairs, then i+1, ...), so each chain's next vpdpbusd comes 8
  * instructions later (in L1 a few % faster than the pair-by-pair order, near the A/B tool's
- * noise; at T = 2-3 this order was slower, so the multi-token kernels keep theirs). */
-AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a) {
+ * noise; at T = 2-3 this order was slower, so the multi-token kernels keep theirs). With
+ * `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
+ * CPU_PF_FAR ahead of it issued beside its load (cpu_prefetch_line) instead of in one burst before
+ * the block; the caller says whether they lie within the call's rows. */
+AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a, const bool spread) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     __m512i se[4], so[4];
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
+    if (spread) for (int l = 32; l < 36; l++) cpu_prefetch_line((const char *)B + 64 * l);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            if (spread) cpu_prefetch_line((const char *)B + 64 * (8 * p + i));
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
@@ -304,14 +309,18 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
  * the same integer sums and fp32 chain as q6k_tokens(1, ...), in another order. The four
  * weight vectors that share their loads (e = 32h + 8s + n, s = 0..3: nibble vectors L[16h + n],
  * L[16h + 8 + n], 2-bit vector H[8h + n]) are made together from three loads, each as
- * nibble | (2 bits & 0x30) in one vpternlogd; the 8 sub-block sums of a half h run as 8 chains. */
-AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a) {
+ * nibble | (2 bits & 0x30) in one vpternlogd; the 8 sub-block sums of a half h run as 8 chains.
+ * `spread` as in q4k_one (52 lines: three beside each of the 16 load triples, four first). */
+AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a, const bool spread) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     __m512i I = _mm512_setzero_si512();
+    if (spread) for (int l = 48; l < 52; l++) cpu_prefetch_line((const char *)B + 64 * l);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         __m512i sj[8]; /* sub-block 8h + k */
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) sj[k] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++) {
+            if (spread)
+                for (int l = 0; l < 3; l++) cpu_prefetch_line((const char *)B + 64 * (3 * (8 * h + n) + l));
             const __m512i L0 = in_reg(LD(B + rp_q6k_l(16 * h + n)));
             const __m512i L1 = in_reg(LD(B + rp_q6k_l(16 * h + 8 + n)));
             const __m512i H = in_reg(LD(B + rp_q6k_h(8 * h + n)));
@@ -373,16 +382,20 @@ static const tok_fn tok_table[2][TCH + 1] = {
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
  * one-token path's loop without a call and an accumulator round trip per block. q4k_one /
- * q6k_one read each block front to back (the Q6_K layout is ordered for it), and each block's
- * lines CPU_PF_DIST ahead are prefetched before it, continuing into nx past the call's rows.
+ * q6k_one read each block front to back (the Q6_K layout is ordered for it). Each block's lines
+ * CPU_PF_DIST and CPU_PF_FAR ahead are requested line by line within it where they lie within the
+ * call's rows; near the end, in a burst before it, continuing into nx past the call's rows. Spread
+ * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
+ * fourteenth session) and ~1.2x in cache.
  * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *end, const cpu_next *nx) {
     __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
-        a = q4k_one(B, y + b, a);
+        const bool spread = B + CPU_PF_SPAN + RP_Q4K_BLOCK <= end;
+        if (!spread) cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
+        a = q4k_one(B, y + b, a, spread);
     }
     _mm512_store_ps(acc, a);
 }
@@ -393,8 +406,9 @@ static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const
     __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = B0 + (size_t)b * RP_Q6K_BLOCK;
-        cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
-        a = q6k_one(B, G + 32 * b, y + b, a);
+        const bool spread = B + CPU_PF_SPAN + RP_Q6K_BLOCK <= end;
+        if (!spread) cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
+        a = q6k_one(B, G + 32 * b, y + b, a, spread);
     }
     _mm512_store_ps(acc, a);
 }
