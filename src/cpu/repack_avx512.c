@@ -168,16 +168,19 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
 /* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats.
  * Sub-blocks go in pairs (2p, 2p+1) that share their quant bytes: each 64-byte vector Q is
  * loaded once and feeds both, as Q & 0x0f (sub-block 2p) and Q & 0xf0 = 16 q (2p+1, whose
- * sum is shifted back exactly). Integer sums are order-free, so I is the reference's. */
-AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc) {
+ * sum is shifted back exactly). Integer sums are order-free, so I is the reference's.
+ * `spread` as in q4k_one. */
+AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc, const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
+    if (spread) for (int l = 32; l < 36; l++) cpu_prefetch_line((const char *)B + 64 * l);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         __m512i se[TCH], so[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            if (spread) cpu_prefetch_line((const char *)B + 64 * (8 * p + i));
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
@@ -269,11 +272,16 @@ AI __m512i q6k_scpair(const uint8_t *B, int p) {
 
 /* T tokens against one Q6_K block B whose 16 fp16 d are at D.
  * I = sum_j sc_j * s_j - 32 * sum_j sc_j * bsum_j, with s_j = sum u*a over sub-block j
- * (vpdpbusd, u = q + 32 unsigned) and the second sum by vpdpwssd on int16 pairs. */
-AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
+ * (vpdpbusd, u = q + 32 unsigned) and the second sum by vpdpwssd on int16 pairs. `spread` as in
+ * q4k_one (52 lines: three per sub-block, four first). */
+AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc,
+                   const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
+    if (spread) for (int l = 48; l < 52; l++) cpu_prefetch_line((const char *)B + 64 * l);
     _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+        if (spread)
+            for (int l = 0; l < 3; l++) cpu_prefetch_line((const char *)B + 64 * (3 * j + l));
         const uint8_t *Bj = launder(B);
         __m512i s[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
@@ -356,16 +364,16 @@ AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512
 /* ---- the gemm ------------------------------------------------------------------------------ */
 
 /* One noinline kernel per (type, token count): T tokens x one block. */
-typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc);
+typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc, bool spread);
 #define DEF_T(T)                                                                                              \
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                   float *acc) {                                              \
+                                                   float *acc, bool spread) {                                 \
         (void)D;                                                                                              \
-        q4k_tokens(T, B, y, acc);                                                                             \
+        q4k_tokens(T, B, y, acc, spread);                                                                     \
     }                                                                                                         \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                   float *acc) {                                              \
-        q6k_tokens(T, B, D, y, acc);                                                                          \
+                                                   float *acc, bool spread) {                                 \
+        q6k_tokens(T, B, D, y, acc, spread);                                                                  \
     }
 DEF_T(1)
 DEF_T(2)
@@ -386,7 +394,8 @@ static const tok_fn tok_table[2][TCH + 1] = {
  * CPU_PF_DIST and CPU_PF_FAR ahead are requested line by line within it where they lie within the
  * call's rows; near the end, in a burst before it, continuing into nx past the call's rows. Spread
  * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
- * fourteenth session) and ~1.2x in cache.
+ * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same for a chunk of up
+ * to 8 tokens (1.15-1.6x from memory at 2-8 tokens), and keep the burst for more (compute-bound).
  * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *end, const cpu_next *nx) {
@@ -435,14 +444,16 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
                 if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
                 for (int b = 0; b < nb; b++) {
                     const uint8_t *B = G + hdr + (size_t)b * bb;
-                    cpu_prefetch_ahead(B, bb, end, nx);
+                    /* one chunk: the requests beside the loads; more: compute-bound, in a burst */
+                    const bool spread = nt <= TCH && B + CPU_PF_SPAN + bb <= end;
+                    if (!spread) cpu_prefetch_ahead(B, bb, end, nx);
                     /* chunks of up to 8 tokens; the block stays in L1 between them */
                     for (int tc = 0; tc < nt; tc += TCH) {
                         const int n = DT_MIN(TCH, nt - tc);
                         for (int t = 0; t < n; t++)
                             y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
                                                                      (size_t)(ts + tc + t) * act_bytes) + b;
-                        tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc);
+                        tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc, spread);
                     }
                 }
             }
