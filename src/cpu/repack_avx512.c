@@ -394,8 +394,8 @@ static const tok_fn tok_table[2][TCH + 1] = {
  * CPU_PF_DIST and CPU_PF_FAR ahead are requested line by line within it where they lie within the
  * call's rows; near the end, in a burst before it, continuing into nx past the call's rows. Spread
  * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
- * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same for a chunk of up
- * to 8 tokens (1.15-1.6x from memory at 2-8 tokens), and keep the burst for more (compute-bound).
+ * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same in a block's first
+ * chunk of up to 8 tokens (from memory 1.15-1.6x at 2-8 tokens, 1.3-1.4x at 16, 1.05-1.13x at 64).
  * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *end, const cpu_next *nx) {
@@ -444,8 +444,8 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
                 if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
                 for (int b = 0; b < nb; b++) {
                     const uint8_t *B = G + hdr + (size_t)b * bb;
-                    /* one chunk: the requests beside the loads; more: compute-bound, in a burst */
-                    const bool spread = nt <= TCH && B + CPU_PF_SPAN + bb <= end;
+                    /* the requests go beside the first chunk's loads */
+                    const bool spread = B + CPU_PF_SPAN + bb <= end;
                     if (!spread) cpu_prefetch_ahead(B, bb, end, nx);
                     /* chunks of up to 8 tokens; the block stays in L1 between them */
                     for (int tc = 0; tc < nt; tc += TCH) {
@@ -453,7 +453,7 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
                         for (int t = 0; t < n; t++)
                             y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
                                                                      (size_t)(ts + tc + t) * act_bytes) + b;
-                        tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc, spread);
+                        tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc, spread && tc == 0);
                     }
                 }
             }
