@@ -21,6 +21,11 @@
 #include "cpu/prefetch.h"
 #include "cpu/repack.h"
 
+/* The AVX2 kernels keep the one L1 request 4 KiB ahead (and the one-token re-requests of
+ * cpu_prefetch_again), not the two-request form of cpu/prefetch.h: with that form they read
+ * 0.77-0.94x at one token and 0.93-1.24x at six (bench/bench_repack.c, level avx2, Intel host,
+ * fourteenth session). */
+#define RP2_PF_DIST 4096
 #define AI static inline __attribute__((always_inline))
 #define TCH 4   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
@@ -209,10 +214,10 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
+            if (is6) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
-                cpu_prefetch_ahead(B, bb, end, nx);
+                cpu_prefetch_tier(B, bb, end, nx, RP2_PF_DIST, CPU_PF_HINT);
                 if (nt == 1) cpu_prefetch_again(B, bb, end);
                 for (int h = 0; h < 2; h++)
                     for (int tc = 0; tc < nt; tc += TCH) {
