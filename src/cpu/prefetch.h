@@ -2,14 +2,16 @@
  * which cache level.
  *
  * Two requests per line: into L1 (T0) CPU_PF_DIST = 1 KiB ahead, and into L2 (T1) CPU_PF_FAR =
- * 8 KiB ahead, in every kernel that streams weights. On the Intel host of the thirteenth and
- * fourteenth sessions (Emerald Rapids, 2 vCPUs, 21-31 GB/s on both) a T0 request holds one of
- * the core's L1 miss buffers until its line arrives from memory, and with T0 alone 4 KiB ahead
- * those buffers were full most of the time (perf: 76% of the one-token kernel's samples on the
- * instruction after a prefetcht0); the far T1 request brings the line into L2 first, so the
- * near T0 one waits only for L2: in-process (bench/ab_kernel.sh, 0.45 GiB, one token, two
- * threads) 1.05-1.07x the T0-4 KiB form on Q4_K, 1.03-1.10x on Q6_K (bench/cpu-speed.md,
- * fourteenth session).
+ * 8 KiB ahead, in every AVX-512 kernel that streams weights (the AVX2 ones keep T0 4 KiB: see
+ * repack_avx2.c). On the Intel host of the thirteenth and fourteenth sessions (Emerald Rapids,
+ * 2 vCPUs, 21-31 GB/s on both) a T0 request holds one of the core's L1 miss buffers until its
+ * line arrives from memory, and with T0 alone 4 KiB ahead those buffers were full most of the
+ * time (perf: 76% of the one-token kernel's samples on the instruction after a prefetcht0); the
+ * far T1 request brings the line into L2 first, so the near T0 one waits only for L2. In-process
+ * (bench/ab_kernel.sh, 0.45 GiB, one token, two threads) the two requests in a burst per block
+ * read 1.05-1.07x the T0-4 KiB form on Q4_K, and issued beside each line's load
+ * (cpu_prefetch_line, repack_avx512.c) 1.11-1.14x; whole model, solo ~10.7 -> ~12.5 tok/s
+ * (bench/cpu-speed.md, fourteenth session).
  *
  * History: the host under the VM changes between sessions, and so did the answer. On the Zen 5
  * host of the twelfth session T0 4 KiB ahead alone read 1.2-2.1x no software prefetch (the
