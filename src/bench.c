@@ -534,7 +534,6 @@ int bench_cmd(int argc, char **argv) {
     cpu_describe(cpu, sizeof cpu);
     snprintf(pf_form, sizeof pf_form, "%d B ahead to %s and %d B to %s; 0 = none", CPU_PF_DIST,
              CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_PF_FAR, CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
-
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\ncpu: %s\nbackend: "
            "%s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, cpu, e->be->describe(e->be_state), arena);

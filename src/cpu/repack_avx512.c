@@ -127,6 +127,12 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
+/* The requests (cpu_prefetch_line) for the n 64-byte lines of block B from line l on: a kernel
+ * with `spread` issues them beside its own loads of those lines. */
+AI void pf_lines(const uint8_t *B, int l, int n) {
+    for (int i = 0; i < n; i++) cpu_prefetch_line((const char *)B + 64 * (l + i));
+}
+
 /* acc += vpdpwssd(W, broadcast of the int16 pair at p), the broadcast in the memory operand. */
 AI __m512i dpw_bcast(__m512i acc, __m512i W, const int16_t *p) {
 #ifdef RP_NO_ASM
@@ -173,14 +179,14 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
 AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc, const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) for (int l = 32; l < 36; l++) cpu_prefetch_line((const char *)B + 64 * l);
+    if (spread) pf_lines(B, 32, 4);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         __m512i se[TCH], so[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            if (spread) cpu_prefetch_line((const char *)B + 64 * (8 * p + i));
+            if (spread) pf_lines(B, 8 * p + i, 1);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
@@ -223,11 +229,11 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a, const bool spr
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     __m512i se[4], so[4];
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
-    if (spread) for (int l = 32; l < 36; l++) cpu_prefetch_line((const char *)B + 64 * l);
+    if (spread) pf_lines(B, 32, 4);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            if (spread) cpu_prefetch_line((const char *)B + 64 * (8 * p + i));
+            if (spread) pf_lines(B, 8 * p + i, 1);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
@@ -278,10 +284,9 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
                    const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) for (int l = 48; l < 52; l++) cpu_prefetch_line((const char *)B + 64 * l);
+    if (spread) pf_lines(B, 48, 4);
     _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
-        if (spread)
-            for (int l = 0; l < 3; l++) cpu_prefetch_line((const char *)B + 64 * (3 * j + l));
+        if (spread) pf_lines(B, 3 * j, 3);
         const uint8_t *Bj = launder(B);
         __m512i s[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
@@ -322,13 +327,12 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
 AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a, const bool spread) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     __m512i I = _mm512_setzero_si512();
-    if (spread) for (int l = 48; l < 52; l++) cpu_prefetch_line((const char *)B + 64 * l);
+    if (spread) pf_lines(B, 48, 4);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         __m512i sj[8]; /* sub-block 8h + k */
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) sj[k] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++) {
-            if (spread)
-                for (int l = 0; l < 3; l++) cpu_prefetch_line((const char *)B + 64 * (3 * (8 * h + n) + l));
+            if (spread) pf_lines(B, 3 * (8 * h + n), 3);
             const __m512i L0 = in_reg(LD(B + rp_q6k_l(16 * h + n)));
             const __m512i L1 = in_reg(LD(B + rp_q6k_l(16 * h + 8 + n)));
             const __m512i H = in_reg(LD(B + rp_q6k_h(8 * h + n)));
