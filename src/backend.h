@@ -31,6 +31,7 @@ typedef struct backend_stage {
     const char *name;
     double seconds;
     uint64_t weight_bytes;
+    double ends; /* of seconds: from the first thread done with the stage's gemm work to the last */
 } backend_stage;
 
 typedef struct backend_ops {

@@ -181,7 +181,8 @@ static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_
     row->n_stages = DT_MIN(np, BENCH_STAGES);
     for (int i = 0; i < row->n_stages; i++)
         row->stage[i] = (backend_stage){p1[i].name, (p1[i].seconds - p0[i].seconds) / gen,
-                                        (p1[i].weight_bytes - p0[i].weight_bytes) / (uint64_t)gen};
+                                        (p1[i].weight_bytes - p0[i].weight_bytes) / (uint64_t)gen,
+                                        (p1[i].ends - p0[i].ends) / gen};
     for (int s = 0; s < S; s++) kv_slot_release(e->kv, sl[s]);
     row->streams = S;
     row->step_ms = 1e3 * dt / gen;
@@ -405,7 +406,8 @@ static void summary(const int *streams, int n_streams, int rows, int repeat, boo
 /* Per-stage table of the first repeat's rows: ms per step, and GB/s where a stage reads weights. */
 static void print_profile(const bench_row *rows, int n) {
     if (n < 1 || rows[0].n_stages < 1) return;
-    printf("\nper-stage time per decode step (first repeat): ms, and weight GB/s for gemm stages\n\n| stage |");
+    printf("\nper-stage time per decode step (first repeat): ms, and for gemm stages weight GB/s and the ms from the first"
+           " thread done with the stage's gemm work to the last (summed over the step's calls)\n\n| stage |");
     for (int i = 0; i < n; i++) printf(" %d %s |", rows[i].streams, rows[i].label);
     printf("\n|---|");
     for (int i = 0; i < n; i++) printf("---:|");
@@ -415,7 +417,8 @@ static void print_profile(const bench_row *rows, int n) {
         for (int i = 0; i < n; i++) {
             const backend_stage *b = &rows[i].stage[s];
             if (b->weight_bytes && b->seconds > 0)
-                printf(" %.2f (%.0f GB/s) |", 1e3 * b->seconds, (double)b->weight_bytes / b->seconds / 1e9);
+                printf(" %.2f (%.0f GB/s; ends %.2f) |", 1e3 * b->seconds, (double)b->weight_bytes / b->seconds / 1e9,
+                       1e3 * b->ends);
             else
                 printf(" %.2f |", 1e3 * b->seconds);
         }

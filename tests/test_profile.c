@@ -1,7 +1,8 @@
 /* test_profile.c — the backend's per-stage profile (ditto bench --profile): off by
  * default (all zero), on it accounts every weight byte of the step to the right stages,
- * its stage times fit inside the forward calls' wall time, and profiling never changes
- * a logit bit. */
+ * its stage times fit inside the forward calls' wall time, the threads' spread at the end of
+ * a stage's gemm work lies inside that stage's time (and only gemm stages have one), and
+ * profiling never changes a logit bit. */
 #include <string.h>
 
 #include "engine.h"
@@ -71,7 +72,7 @@ int main(void) {
         backend_stage st[MAXST];
         int ns = e->be->profile(e->be_state, st, MAXST);
         CHECK(ns >= 10 && ns <= MAXST, "%d stages", ns);
-        double sum_s = 0;
+        double sum_s = 0, sum_e = 0;
         uint64_t sum_b = 0;
         int named = 0, timed = 0;
         for (int i = 0; i < ns; i++) {
@@ -81,11 +82,14 @@ int main(void) {
             timed += st[i].seconds > 0;
             sum_s += st[i].seconds;
             sum_b += st[i].weight_bytes;
+            sum_e += st[i].ends;
+            CHECK(st[i].ends >= 0 && st[i].ends <= st[i].seconds, "%s: ends %g s of %g s", st[i].name, st[i].ends,
+                  st[i].seconds);
         }
         CHECK(named == ns, "every stage named");
         if (!prof) {
-            CHECK(sum_s == 0 && sum_b == 0 && timed == 0, "profile off: all zero (%g s, %llu bytes)", sum_s,
-                  (unsigned long long)sum_b);
+            CHECK(sum_s == 0 && sum_b == 0 && sum_e == 0 && timed == 0, "profile off: all zero (%g s, %g s, %llu bytes)",
+                  sum_s, sum_e, (unsigned long long)sum_b);
         } else {
             CHECK(timed == ns, "profile on: %d of %d stages took time", timed, ns);
             CHECK(sum_b == w1 - w0, "stage bytes %llu == weight bytes read %llu", (unsigned long long)sum_b,
@@ -97,6 +101,7 @@ int main(void) {
                 bool gemm = strstr(st[i].name, "gemm") != NULL || strstr(st[i].name, "embed") != NULL;
                 CHECK(gemm == (st[i].weight_bytes > 0), "%s: %llu weight bytes", st[i].name,
                       (unsigned long long)st[i].weight_bytes);
+                CHECK(gemm || st[i].ends == 0, "%s: no gemm work, ends %g s", st[i].name, st[i].ends);
             }
         }
         engine_free(e);

@@ -22,6 +22,7 @@
 #define HMAX 8 /* heads per scores pass */
 #define HSET 8 /* heads per o_c pass */
 #define VSET 2 /* 16-dim vectors per o_c pass */
+#define PF_K_FAR 8 /* position groups of K requested into L2 ahead of the scores (32 KB at hd 128) */
 
 static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
 
@@ -29,22 +30,27 @@ static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_load
  * (lane = position). The NG x NH chains are independent, so two groups at once keep both FMA
  * pipes busy where one group's 8 chains wait on the FMA latency. The arena's K and V are usually
  * cold (a whole model streamed through the caches since the last step), so while these groups
- * are scored the K groups two ahead and the V rows of these groups are prefetched, NG lines each
- * per two dims (a group is hd/2 lines). */
+ * are scored the K groups two ahead are requested into L1 and those PF_K_FAR ahead into L2 (past
+ * K's last group, V's first ones, which pv_block reads next), NG lines each per two dims (a group
+ * is hd/2 lines). V is requested by pv_block as it goes: asked for here, at the scores, a long
+ * context's V left L1 before its turn (bench/cpu-speed.md, fifteenth session). */
 AI void score_groups(const int NH, const int NG, const float *q, int hd, const fp16_t *K, const fp16_t *V, int g,
                      int ngr, int n, const __m512 vscale, float *s, size_t ss) {
     const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
     const fp16_t *kg = K + (size_t)g * gs;
-    const char *kn = (const char *)(kg + 2 * gs), *vg = (const char *)(V + (size_t)g * gs);
+    const char *kn = (const char *)(kg + 2 * gs);
     const int kn_lines = DT_MAX(0, DT_MIN(NG, ngr - (g + 2))) * (hd / 2);
+    const int gf = g + PF_K_FAR, in_k = gf < ngr;
+    const char *kf = (const char *)(in_k ? K + (size_t)gf * gs : V + (size_t)(gf - ngr) * gs);
+    const int kf_lines = DT_MAX(0, DT_MIN(NG, in_k ? ngr - gf : 2 * ngr - gf)) * (hd / 2);
     __m512 acc[2][HMAX];
     _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
         acc[u][h] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d += 2) {
         _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) {
             const int l = (d / 2) * NG + u;
+            if (l < kf_lines) _mm_prefetch(kf + 64 * l, _MM_HINT_T1);
             if (l < kn_lines) _mm_prefetch(kn + 64 * l, _MM_HINT_T0);
-            _mm_prefetch(vg + 64 * l, _MM_HINT_T0);
         }
         _Pragma("GCC unroll 2") for (int e = d; e < d + 2; e++) _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) {
             const __m512 k = ld16h(kg + (size_t)u * gs + (size_t)e * KV_POS_GROUP);
@@ -101,14 +107,18 @@ static float chunk_exp(float *s, int len, float m) {
 }
 
 /* For NH heads and NV 16-dim vectors starting at dim 16*v0: o_c = sum over the chunk's
- * positions of p_j * V_j (sequential fma per lane), then O = fma(w_h, o_c, O). */
-AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int hd,
-                 int v0, const float *w, float *O) {
+ * positions of p_j * V_j (sequential fma per lane), then O = fma(w_h, o_c, O). Beside each row's
+ * load, the same 64 bytes of the rows one chunk ahead (into L1) and two chunks ahead (into L2) are
+ * requested, while they lie before position n. */
+AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n,
+                 int hd, int v0, const float *w, float *O) {
     __m512 oc[HSET][VSET];
     _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++)
         oc[h][v] = _mm512_setzero_ps();
     for (int j = j0; j < j1; j++) {
         const fp16_t *vj = V + (size_t)j * hd + 16 * v0;
+        if (j + ATTN_CHUNK < n) _mm_prefetch((const char *)(vj + (size_t)ATTN_CHUNK * hd), _MM_HINT_T0);
+        if (j + 2 * ATTN_CHUNK < n) _mm_prefetch((const char *)(vj + (size_t)2 * ATTN_CHUNK * hd), _MM_HINT_T1);
         __m512 vv[VSET];
         _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) vv[v] = ld16h(vj + 16 * v);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
@@ -126,8 +136,8 @@ AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp
 }
 
 #define PV_CASE(NH, NV)                                                                                      \
-    case (NH - 1) * VSET + (NV - 1): pv_block(NH, NV, p, ss, V, j0, j1, hd, v0, w, O); break
-static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int hd, int v0,
+    case (NH - 1) * VSET + (NV - 1): pv_block(NH, NV, p, ss, V, j0, j1, n, hd, v0, w, O); break
+static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, int v0,
                const float *w, float *O) {
     DT_ASSERT(nh >= 1 && nh <= HSET && nv >= 1 && nv <= VSET);
     switch ((nh - 1) * VSET + (nv - 1)) {
@@ -168,7 +178,7 @@ void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V,
             }
             for (int hs = 0; hs < nh; hs += HSET)
                 for (int v0 = 0; v0 < nv; v0 += VSET)
-                    pv(DT_MIN(HSET, nh - hs), DT_MIN(VSET, nv - v0), s + hs * ss, ss, V, j0, j1, hd, v0, w + hs,
+                    pv(DT_MIN(HSET, nh - hs), DT_MIN(VSET, nv - v0), s + hs * ss, ss, V, j0, j1, n, hd, v0, w + hs,
                        O + (size_t)hs * hd);
         }
         for (int h = 0; h < nh; h++) {

@@ -95,6 +95,9 @@ typedef struct cpu_state {
     uint64_t prof_b0;                      /* weight_bytes then */
     double prof_s[CS_COUNT];               /* seconds per stage, summed */
     uint64_t prof_b[CS_COUNT];             /* weight bytes per stage, summed */
+    double *prof_fin;                      /* [nth] when each thread ran out of gemm units */
+    double prof_ends;                      /* last - first thread done, since the last mark */
+    double prof_e[CS_COUNT];               /* the same per stage, summed */
 } cpu_state;
 
 /* Closes stage s (profile only): the time and weight bytes since the previous mark. */
@@ -103,6 +106,8 @@ static void prof_mark(cpu_state *st, enum cpu_stage s) {
     double t = time_now();
     st->prof_s[s] += t - st->prof_t0;
     st->prof_b[s] += st->weight_bytes - st->prof_b0;
+    st->prof_e[s] += st->prof_ends;
+    st->prof_ends = 0;
     st->prof_t0 = t;
     st->prof_b0 = st->weight_bytes;
 }
@@ -241,6 +246,7 @@ static void jobs_task(void *ctx, int ith, int nth) {
             u = e;
         }
     }
+    if (st->profile) st->prof_fin[ith] = time_now();
 }
 
 static void jobs_run(cpu_state *st) {
@@ -253,6 +259,11 @@ static void jobs_run(cpu_state *st) {
         jobs_task(st, 0, 1);
     else
         pool_run(st->pool, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
+    if (st->profile && st->nth > 1) { /* pool_run's return orders the workers' prof_fin stores */
+        double lo = st->prof_fin[0], hi = lo;
+        for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, st->prof_fin[i]), hi = DT_MAX(hi, st->prof_fin[i]);
+        st->prof_ends += hi - lo;
+    }
     st->n_jobs = 0;
     st->warm.n = 0;
 }
@@ -675,6 +686,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;
     st->profile = o->profile;
+    st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
@@ -746,7 +758,7 @@ static void cpu_counters(void *state, uint64_t *weight_bytes, uint64_t *kv_bytes
 static int cpu_profile(void *state, backend_stage *out, int cap) {
     const cpu_state *st = state;
     for (int i = 0; i < CS_COUNT && i < cap; i++)
-        out[i] = (backend_stage){cpu_stage_names[i], st->prof_s[i], st->prof_b[i]};
+        out[i] = (backend_stage){cpu_stage_names[i], st->prof_s[i], st->prof_b[i], st->prof_e[i]};
     return CS_COUNT;
 }
 
@@ -757,6 +769,7 @@ static void cpu_destroy(void *state) {
     if (!st) return;
     pool_free(st->pool);
     claim_free(&st->claim);
+    free(st->prof_fin);
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
