@@ -3,12 +3,14 @@
 # repacked Q4_K / Q6_K gemm kernels): both are compiled into one bench/ab_kernel.c binary and
 # timed alternately on the same data, so the VM's drift hits both alike (see ab_kernel.c).
 # With --attn, of src/cpu/attn_avx512.c instead, in bench/bench_attn.c (hot arena, B checked
-# bitwise against A).
+# bitwise against A); with --attn-cold, in bench/attn_cold.c (the arena cold, as a decode step
+# finds it: two threads, layer after layer of the 30B-A3B geometry).
 #
 #   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k] [THREADS=1] [NMAT=1]
 #   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2       # one token, from memory, two threads
 #   bench/ab_kernel.sh HEAD~1 HEAD 1536 1 q4_k 2 300     # 300 expert-sized matrices in turn
 #   bench/ab_kernel.sh --attn REV_A REV_B [HEADS_PER_KV=8] [HEAD_DIM=128] [N=2000]
+#   bench/ab_kernel.sh --attn-cold REV_A REV_B CTX [ROUNDS=30]      # e.g. CTX 2048
 #
 # REV may be WORK for the working tree's file. CFLAGS_A / CFLAGS_B add flags to one side's compile,
 # e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B.
@@ -18,7 +20,8 @@
 set -eu
 ATTN=0
 if [ "${1:-}" = --attn ]; then ATTN=1; shift; fi
-[ $# -ge 2 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+if [ "${1:-}" = --attn-cold ]; then ATTN=2; shift; fi
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
 A=$1 B=$2
 shift 2
 ROOT=$(git rev-parse --show-toplevel)
@@ -34,7 +37,7 @@ print-avx512-flags: ; @echo $(CFLAGS) $(AVX512_FLAGS)
 MK
 )
 SRC=src/cpu/repack_avx512.c
-[ $ATTN = 1 ] && SRC=src/cpu/attn_avx512.c
+[ $ATTN != 0 ] && SRC=src/cpu/attn_avx512.c
 for side in A B; do
     rev=$A
     [ $side = B ] && rev=$B
@@ -42,12 +45,18 @@ for side in A B; do
     else git show "$rev:$SRC" > "$T/$side.c"; fi
     extra=${CFLAGS_A:-}
     [ $side = B ] && extra=${CFLAGS_B:-}
-    if [ $ATTN = 1 ]; then rename="-iquote src/cpu -Dattn_group_avx512=attn_group_avx512_$side"
+    if [ $ATTN != 0 ]; then rename="-iquote src/cpu -Dattn_group_avx512=attn_group_avx512_$side"
     else rename="-Drepack_gemm_avx512=repack_gemm_avx512_$side -Drepack_gemm_next_avx512=repack_gemm_next_avx512_$side"; fi
     # shellcheck disable=SC2086
     $CC $FLAGS $extra -Wno-unused-function $rename -c -o "$T/$side.o" "$T/$side.c"
 done
 echo "A = $A, B = $B"
+if [ $ATTN = 2 ]; then
+    # shellcheck disable=SC2086
+    $CC $FLAGS -o "$T/attn_cold" bench/attn_cold.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread
+    "$T/attn_cold" "$@"
+    exit 0
+fi
 if [ $ATTN = 1 ]; then
     # shellcheck disable=SC2086
     $CC $FLAGS -DBENCH_ATTN_AB -o "$T/ab_attn" bench/bench_attn.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread
