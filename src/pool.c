@@ -16,12 +16,17 @@
 #define POOL_SPIN_NS 2000000.0
 
 /* Spins while *v == eq (eq_mode) or while *v != 0 (!eq_mode), for at most
- * POOL_SPIN_NS; returns the last value read. */
-static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq) {
+ * POOL_SPIN_NS; returns the last value read. While idle is set, each turn of the
+ * spin runs one call of it instead of a pause, until it returns false. */
+static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq, pool_idle_fn idle, void *idle_ctx, int ith) {
     double t0 = 0.0;
     for (unsigned i = 0;; i++) {
         unsigned x = atomic_load_explicit(v, memory_order_acquire);
         if (eq_mode ? x != eq : x == 0) return x;
+        if (idle) {
+            if (!idle(idle_ctx, ith)) idle = NULL;
+            continue;
+        }
         if ((i & 63) == 63) {
             double t = time_now();
             if (t0 == 0.0)
@@ -43,6 +48,8 @@ struct pool {
     bool quit;
     pool_fn fn;
     void *ctx;
+    pool_idle_fn idle; /* of the current job, NULL for none */
+    void *idle_ctx;
 };
 
 typedef struct worker_arg {
@@ -56,8 +63,10 @@ static void *worker(void *arg) {
     int ith = wa->ith;
     free(wa);
     unsigned seen = 0;
+    pool_idle_fn idle = NULL;
+    void *idle_ctx = NULL;
     for (;;) {
-        unsigned g = spin_on(&p->gen, true, seen);
+        unsigned g = spin_on(&p->gen, true, seen, idle, idle_ctx, ith);
         if (g == seen) {
             pthread_mutex_lock(&p->mu);
             while ((g = atomic_load(&p->gen)) == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
@@ -65,6 +74,7 @@ static void *worker(void *arg) {
         }
         if (p->quit) return NULL;
         seen = g;
+        idle = p->idle, idle_ctx = p->idle_ctx;
         p->fn(p->ctx, ith, p->n);
         if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&p->mu);
@@ -108,20 +118,24 @@ void pool_free(pool *p) {
 
 int pool_size(const pool *p) { return p->n; }
 
-void pool_run(pool *p, pool_fn fn, void *ctx) {
+void pool_run(pool *p, pool_fn fn, void *ctx) { pool_run_idle(p, fn, ctx, NULL, NULL); }
+
+void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle_ctx) {
     if (p->n == 1) {
         fn(ctx, 0, 1);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
+    p->idle = idle;
+    p->idle_ctx = idle_ctx;
     atomic_store(&p->pending, p->n - 1);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
-    if (spin_on(&p->pending, false, 0) > 0) {
+    if (spin_on(&p->pending, false, 0, idle, idle_ctx, 0) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);

@@ -5,6 +5,8 @@
 #ifndef DITTO_POOL_H
 #define DITTO_POOL_H
 
+#include <stdbool.h>
+
 typedef struct pool pool;
 typedef void (*pool_fn)(void *ctx, int ith, int nth);
 
@@ -12,6 +14,17 @@ pool *pool_create(int n_threads);
 void pool_free(pool *p);
 int pool_size(const pool *p);
 void pool_run(pool *p, pool_fn fn, void *ctx);
+
+/* Work for a thread that waits: idle(idle_ctx, ith) is called again and again by thread ith
+ * while it waits — a worker from the end of its part of this job until the next job starts,
+ * thread 0 from the end of its part until the workers end theirs — until it returns false. Each
+ * call should be short (the wait ends only between calls). It runs beside other threads' work,
+ * so it may only request memory (prefetch), never change what a job computes. */
+typedef bool (*pool_idle_fn)(void *idle_ctx, int ith);
+
+/* pool_run, each thread then running idle as above; idle_ctx must stay valid and unchanged
+ * (but for what idle itself writes of thread ith's part) until the next pool_run returns. */
+void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle_ctx);
 
 /* [lo, hi) of n items for thread ith of nth, rounded to multiples of `align`. */
 static inline void pool_split(int n, int align, int ith, int nth, int *lo, int *hi) {

@@ -22,7 +22,7 @@ void claim_free(claim_set *c) {
 void claim_reset(claim_set *c, int total) {
     DT_ASSERT(total >= 0);
     for (int i = 0; i < c->n; i++) {
-        const int f = (int)((long long)total * i / c->n), b = (int)((long long)total * (i + 1) / c->n);
+        const int f = claim_cut(total, c->n, i), b = claim_cut(total, c->n, i + 1);
         c->seg[i].end = b;
         atomic_store_explicit(&c->seg[i].fb, (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)b << 32, memory_order_relaxed);
     }

@@ -32,8 +32,10 @@ typedef struct claim_set {
 void claim_init(claim_set *c, int n);
 void claim_free(claim_set *c);
 
-/* Cuts [0, total) into n equal segments (before the threads start; not concurrent). */
+/* Cuts [0, total) into n equal segments (before the threads start; not concurrent):
+ * thread i's is [claim_cut(total, n, i), claim_cut(total, n, i + 1)). */
 void claim_reset(claim_set *c, int total);
+static inline int claim_cut(int total, int n, int i) { return (int)((long long)total * i / n); }
 
 /* Thread ith's next run [*u0, *u1), non-empty: from its own segment's front (*own = true;
  * own runs are consecutive, ascending), else stolen from another's back. False when every

@@ -47,6 +47,21 @@ typedef struct gemm_job {
     size_t unit_stride; /* weight bytes from one GEMM_UNIT of rows to the next */
 } gemm_job;
 
+/* What one thread requests into its L2 while it waits in the pool (pool_run_idle): the first
+ * CPU_AHEAD_BYTES of its own segment of the gemm stage that comes next, in the order its kernel
+ * calls will read them. One cache line per thread: only that thread writes `done`. */
+typedef struct ahead_thr {
+    cpu_next r;
+    size_t done; /* bytes of r requested so far */
+} __attribute__((aligned(64))) ahead_thr;
+
+/* A job of the plan being built: what ahead_finish needs of a gemm_job. */
+typedef struct ahead_job {
+    const uint8_t *w;
+    size_t unit_stride;
+    int units;
+} ahead_job;
+
 /* Activations of one input width in every format a weight may ask for. */
 typedef struct act_set {
     int width;
@@ -89,6 +104,11 @@ typedef struct cpu_state {
     int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
     claim_set claim;                        /* the units of the running jobs, over the threads */
     cpu_next warm;                          /* inputs of the stage after the running jobs (thread 0 runs it) */
+    ahead_thr *ahead[2];                    /* [nth] each: the plan published to the pool, and the next */
+    int ahead_cur;                          /* which of the two is published */
+    bool ahead_new;                         /* ahead[!ahead_cur] holds a plan to publish with the next pool job */
+    ahead_job ahead_jobs[MAX_JOBS];         /* the next plan's jobs, while it is built */
+    int n_ahead_jobs;
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
     bool profile;
     double prof_t0;                        /* end of the last profiled stage */
@@ -147,23 +167,30 @@ static const void *act_for(const act_set *a, const model_weight *w, size_t *byte
 
 /* ---- gemm jobs: all rows of all queued jobs split over threads ------------------------ */
 
+/* The bytes a gemm over matrix mat of w reads: the prepared copy where there is one (repacked,
+ * or plain on huge pages), else the file's; *unit_stride = bytes from one GEMM_UNIT of rows to
+ * the next; *pw = the prepared copy or NULL. */
+static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, size_t *unit_stride,
+                                  const prep_weight **pw) {
+    *pw = cpu_prepared_find(st->prep, w);
+    *unit_stride = *pw && (*pw)->repacked ? (*pw)->group_bytes * (GEMM_UNIT / REPACK_ROWS) : w->row_bytes * GEMM_UNIT;
+    return *pw ? (*pw)->data + (size_t)mat * (*pw)->mat_stride : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+}
+
 static void job_add(cpu_state *st, const model_weight *w, int mat, const void *act, size_t act_bytes,
                     int n_tok, float *out, size_t out_stride) {
     DT_ASSERT(st->n_jobs < MAX_JOBS);
     gemm_job *j = &st->jobs[st->n_jobs++];
-    const prep_weight *pw = cpu_prepared_find(st->prep, w);
-    /* the prepared copy where there is one (repacked, or plain on huge pages), else the file's */
-    j->w = pw ? pw->data + (size_t)mat * pw->mat_stride : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
+    const prep_weight *pw;
+    j->w = job_weights(st, w, mat, &j->unit_stride, &pw);
     j->fn_nx = NULL;
     if (pw && pw->repacked) {
         j->fn = NULL;
         j->fn_nx = st->gemm_rp[w->type];
         j->row_bytes = pw->group_bytes;
-        j->unit_stride = pw->group_bytes * (GEMM_UNIT / REPACK_ROWS);
     } else {
         j->fn = st->gemm[w->type];
         j->row_bytes = w->row_bytes;
-        j->unit_stride = w->row_bytes * GEMM_UNIT;
     }
     j->rows = w->rows;
     j->k = w->cols;
@@ -249,6 +276,69 @@ static void jobs_task(void *ctx, int ith, int nth) {
     if (st->profile) st->prof_fin[ith] = time_now();
 }
 
+/* ---- requests ahead: the next gemm stage's weights, while a thread waits ---------------- */
+
+/* Starts the plan for the gemm stage after the next pool job: ahead_add its jobs in the order
+ * job_add will queue them, then ahead_finish. A plan with no jobs requests nothing. */
+static void ahead_start(cpu_state *st) { st->n_ahead_jobs = 0; }
+
+static void ahead_add(cpu_state *st, const model_weight *w, int mat) {
+    DT_ASSERT(st->n_ahead_jobs < MAX_JOBS);
+    ahead_job *a = &st->ahead_jobs[st->n_ahead_jobs++];
+    const prep_weight *pw;
+    a->w = job_weights(st, w, mat, &a->unit_stride, &pw);
+    a->units = (w->rows + GEMM_UNIT - 1) / GEMM_UNIT;
+}
+
+/* Each thread's part of the plan: from the front of its claim segment (claim_reset's cut of the
+ * same units) at most CPU_AHEAD_BYTES, to the segment's end, in up to CPU_NEXT_MAX regions. */
+static void ahead_finish(cpu_state *st) {
+    ahead_thr *t = st->ahead[!st->ahead_cur];
+    int total = 0;
+    for (int i = 0; i < st->n_ahead_jobs; i++) total += st->ahead_jobs[i].units;
+    for (int th = 0; th < st->nth; th++) {
+        cpu_next *r = &t[th].r;
+        r->n = 0;
+        t[th].done = 0;
+        int u = claim_cut(total, st->nth, th), end = claim_cut(total, st->nth, th + 1), u0 = 0;
+        size_t left = CPU_AHEAD_BYTES;
+        for (int i = 0; i < st->n_ahead_jobs && u < end && left && r->n < CPU_NEXT_MAX; i++) {
+            const ahead_job *a = &st->ahead_jobs[i];
+            if (u < u0 + a->units) {
+                const int e = DT_MIN(end, u0 + a->units);
+                r->p[r->n] = a->w + (size_t)(u - u0) * a->unit_stride;
+                r->len[r->n] = DT_MIN(left, (size_t)(e - u) * a->unit_stride);
+                left -= r->len[r->n++];
+                u = e;
+            }
+            u0 += a->units;
+        }
+    }
+    st->ahead_new = true;
+}
+
+/* pool_idle_fn: the next AHEAD_CHUNK bytes of thread ith's plan into its L2. */
+#define AHEAD_CHUNK 512
+static bool ahead_idle(void *ctx, int ith) {
+    ahead_thr *t = (ahead_thr *)ctx + ith;
+    size_t o = t->done;
+    for (int i = 0; i < t->r.n; o -= t->r.len[i], i++) {
+        if (o >= t->r.len[i]) continue;
+        const size_t e = DT_MIN(t->r.len[i], o + AHEAD_CHUNK);
+        for (size_t b = o; b < e; b += 64) _mm_prefetch((const char *)t->r.p[i] + b, CPU_AHEAD_HINT);
+        t->done += e - o;
+        return true;
+    }
+    return false;
+}
+
+/* pool_run with the newest plan: published now if it is new (the threads follow the one they
+ * were given until this job starts, so the other buffer is free once pool_run returns). */
+static void pool_go(cpu_state *st, pool_fn fn, void *ctx) {
+    if (st->ahead_new) st->ahead_cur = !st->ahead_cur, st->ahead_new = false;
+    pool_run_idle(st->pool, fn, ctx, ahead_idle, st->ahead[st->ahead_cur]);
+}
+
 static void jobs_run(cpu_state *st) {
     if (!st->n_jobs) return;
     st->job_unit0[0] = 0;
@@ -258,7 +348,7 @@ static void jobs_run(cpu_state *st) {
     if (st->nth == 1)
         jobs_task(st, 0, 1);
     else
-        pool_run(st->pool, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
+        pool_go(st, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
     if (st->profile && st->nth > 1) { /* pool_run's return orders the workers' prof_fin stores */
         double lo = st->prof_fin[0], hi = lo;
         for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, st->prof_fin[i]), hi = DT_MAX(hi, st->prof_fin[i]);
@@ -283,7 +373,7 @@ static void run_items(cpu_state *st, pool_fn fn, void *ctx, long items, long wor
     if (items <= 1 || work <= 16384)
         fn(ctx, 0, 1);
     else
-        pool_run(st->pool, fn, ctx);
+        pool_go(st, fn, ctx);
 }
 
 /* ---- per-row tasks ----------------------------------------------------------------- */
@@ -505,6 +595,20 @@ static void warm_after_down(cpu_state *st, const step_ctx *c) {
              sizeof(float) * (size_t)E);
 }
 
+/* Plans the stage after the down projection: the next layer's q/k/v, or the output head. */
+static void ahead_after_down(cpu_state *st, const step_ctx *c) {
+    const model *m = st->m;
+    ahead_start(st);
+    if (c->layer + 1 < m->hp.n_layer) {
+        const model_layer *N = &m->layers[c->layer + 1];
+        ahead_add(st, &N->wq, 0);
+        ahead_add(st, &N->wk, 0);
+        ahead_add(st, &N->wv, 0);
+    } else
+        ahead_add(st, &m->output, 0);
+    ahead_finish(st);
+}
+
 static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     const model_hparams *hp = &st->m->hp;
     const model_layer *L = &st->m->layers[c->layer];
@@ -520,6 +624,10 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
         job_add(st, &L->gate_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->g + o * F, (size_t)F);
         job_add(st, &L->up_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->u + o * F, (size_t)F);
     }
+    ahead_start(st);
+    for (int e = 0; e < hp->n_expert; e++)
+        if (st->exp_cnt[e]) ahead_add(st, &L->down_exps, e);
+    ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
     c->w0 = &L->down_exps;
@@ -534,6 +642,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
         job_add(st, &L->down_exps, e, hq + o * ab, ab, st->exp_cnt[e], st->y + o * E, (size_t)E);
     }
     warm_after_down(st, c);
+    ahead_after_down(st, c);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -550,6 +659,9 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
         job_add(st, &L->gate_exps, st->sel[i], act, ab, 1, st->g + (size_t)i * F, (size_t)F);
         job_add(st, &L->up_exps, st->sel[i], act, ab, 1, st->u + (size_t)i * F, (size_t)F);
     }
+    ahead_start(st);
+    for (int i = 0; i < K; i++) ahead_add(st, &L->down_exps, st->sel[i]);
+    ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
     c->w0 = &L->down_exps;
@@ -561,6 +673,7 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
     warm_after_down(st, c);
+    ahead_after_down(st, c);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -573,6 +686,9 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     job_add(st, &L->ffn_gate, 0, act, ab, n, st->g, (size_t)F);
     act = act_for(&st->a_embd, &L->ffn_up, &ab);
     job_add(st, &L->ffn_up, 0, act, ab, n, st->u, (size_t)F);
+    ahead_start(st);
+    ahead_add(st, &L->ffn_down, 0);
+    ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
     c->w0 = &L->ffn_down;
@@ -583,6 +699,7 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
     warm_after_down(st, c);
+    ahead_after_down(st, c);
     jobs_run(st);
     prof_mark(st, CS_DOWN);
 }
@@ -618,6 +735,9 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         job_add(st, &L->wk, 0, act, ab, n, st->k, (size_t)HKV);
         act = act_for(&st->a_embd, &L->wv, &ab);
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
+        ahead_start(st);
+        ahead_add(st, &L->wo, 0);
+        ahead_finish(st);
         jobs_run(st);
         prof_mark(st, CS_QKV);
         /* work x4: the K/V stores go to arena lines that are cold at every step */
@@ -633,6 +753,12 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
         warm_add(st, st->x, sizeof(float) * (size_t)n * (size_t)E); /* the residual + ffn norm's inputs */
         warm_add(st, L->ffn_norm, sizeof(float) * (size_t)E);
+        ahead_start(st);
+        if (hp->arch == MODEL_ARCH_QWEN3MOE)
+            ahead_add(st, &L->gate_inp, 0);
+        else
+            ahead_add(st, &L->ffn_gate, 0), ahead_add(st, &L->ffn_up, 0);
+        ahead_finish(st);
         jobs_run(st);
         prof_mark(st, CS_O);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) {
@@ -645,6 +771,8 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         if (hp->arch == MODEL_ARCH_QWEN3MOE) { /* router: one gemm over all rows, then top-k */
             act = act_for(&st->a_embd, &L->gate_inp, &ab);
             job_add(st, &L->gate_inp, 0, act, ab, n, st->router, (size_t)hp->n_expert);
+            ahead_start(st); /* the experts are not known before the routing */
+            ahead_finish(st);
             jobs_run(st);
             prof_mark(st, CS_ROUTER);
             run_items(st, route_task, &c, n, (long)n * hp->n_expert * hp->n_expert_used);
@@ -670,6 +798,11 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     run_items(st, out_norm_task, &c, n_out, 2L * n_out * E);
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
+    ahead_start(st); /* the next step's first stage */
+    ahead_add(st, &m->layers[0].wq, 0);
+    ahead_add(st, &m->layers[0].wk, 0);
+    ahead_add(st, &m->layers[0].wv, 0);
+    ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_OUTPUT);
 }
@@ -687,6 +820,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->max_rows = o->max_rows;
     st->profile = o->profile;
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
+    for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
@@ -776,7 +910,7 @@ static void cpu_destroy(void *state) {
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
                     st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
                     st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
-                    st->scores};
+                    st->scores,   st->ahead[0], st->ahead[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(st);
 }

@@ -64,6 +64,15 @@ typedef struct cpu_next {
     size_t len[CPU_NEXT_MAX];
 } cpu_next;
 
+/* How much of the next gemm stage each thread requests while it waits in the pool (its own
+ * segment's first bytes; cpu_backend.c, ahead_*), and into which level. */
+#ifndef CPU_AHEAD_BYTES
+#define CPU_AHEAD_BYTES (256 * 1024)
+#endif
+#ifndef CPU_AHEAD_HINT
+#define CPU_AHEAD_HINT _MM_HINT_T1
+#endif
+
 /* _mm_prefetch with the hint as a value (a constant once inlined). */
 static inline __attribute__((always_inline)) void cpu_pf(const void *p, int hint) {
     switch (hint) {

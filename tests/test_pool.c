@@ -1,0 +1,102 @@
+/* test_pool.c — the thread pool (src/pool.c): every job runs once on every thread; the idle
+ * work given with a job (pool_run_idle) is called by each thread with its own index while it
+ * waits, stops for good once it returns false, and stops when the next job starts (a job run
+ * with plain pool_run brings no idle work). */
+#include <stdatomic.h>
+
+#include "common.h"
+#include "pool.h"
+#include "test.h"
+
+#define NT 4
+
+typedef struct job {
+    _Atomic int ran[NT], bad_nth;
+    double worker_spin_s; /* how long workers (not thread 0) take */
+} job;
+
+typedef struct idle {
+    _Atomic int calls[NT], bad_ith;
+    int limit; /* returns false on call `limit` of a thread (0: never) */
+} idle;
+
+static void job_fn(void *ctx, int ith, int nth) {
+    job *j = ctx;
+    if (nth != NT) atomic_fetch_add(&j->bad_nth, 1);
+    if (ith >= 0 && ith < NT) atomic_fetch_add(&j->ran[ith], 1);
+    if (ith > 0 && j->worker_spin_s > 0) {
+        const double t0 = time_now();
+        while (time_now() - t0 < j->worker_spin_s) {
+        }
+    }
+}
+
+static bool idle_fn(void *ctx, int ith) {
+    idle *d = ctx;
+    if (ith < 0 || ith >= NT) {
+        atomic_fetch_add(&d->bad_ith, 1);
+        return false;
+    }
+    const int c = atomic_fetch_add(&d->calls[ith], 1) + 1;
+    return d->limit == 0 || c < d->limit;
+}
+
+static void sleep_s(double s) {
+    const double t0 = time_now();
+    while (time_now() - t0 < s) {
+    }
+}
+
+int main(void) {
+    pool *p = pool_create(NT);
+    CHECK(pool_size(p) == NT, "pool_size %d", pool_size(p));
+
+    /* plain jobs: once on every thread, many times over */
+    job j = {0};
+    for (int r = 0; r < 200; r++) pool_run(p, job_fn, &j);
+    int all = 1;
+    for (int i = 0; i < NT; i++) all &= atomic_load(&j.ran[i]) == 200;
+    CHECK(all, "a plain job did not run once per thread per call");
+    CHECK(atomic_load(&j.bad_nth) == 0, "a job saw nth != %d", NT);
+
+    /* idle work with a limit: each worker calls it exactly `limit` times once left alone;
+     * thread 0, whose wait is long (the workers spin 20 ms), as well */
+    idle d = {.limit = 50};
+    job slow = {.worker_spin_s = 0.02};
+    pool_run_idle(p, job_fn, &slow, idle_fn, &d);
+    sleep_s(0.05);
+    int exact = 1;
+    for (int i = 0; i < NT; i++) exact &= atomic_load(&d.calls[i]) == d.limit;
+    CHECK(exact, "idle calls per thread %d %d %d %d, want %d each", atomic_load(&d.calls[0]), atomic_load(&d.calls[1]),
+          atomic_load(&d.calls[2]), atomic_load(&d.calls[3]), d.limit);
+    CHECK(atomic_load(&d.bad_ith) == 0, "idle called with a thread index out of range");
+    for (int i = 0; i < NT; i++) CHECK(atomic_load(&slow.ran[i]) == 1, "slow job on thread %d ran %d times", i, atomic_load(&slow.ran[i]));
+
+    /* idle work that never ends stops at the next job, and a plain job brings none */
+    idle forever = {.limit = 0};
+    job quick = {0};
+    pool_run_idle(p, job_fn, &quick, idle_fn, &forever);
+    sleep_s(0.05);
+    int busy = 1;
+    for (int i = 1; i < NT; i++) busy &= atomic_load(&forever.calls[i]) > 0;
+    CHECK(busy, "a worker left alone did not call its idle work");
+    pool_run(p, job_fn, &quick);
+    int snap[NT];
+    for (int i = 0; i < NT; i++) snap[i] = atomic_load(&forever.calls[i]);
+    sleep_s(0.01);
+    int still = 1;
+    for (int i = 0; i < NT; i++) still &= atomic_load(&forever.calls[i]) == snap[i];
+    CHECK(still, "idle work went on after the next job (which brought none)");
+    for (int i = 0; i < NT; i++) CHECK(atomic_load(&quick.ran[i]) == 2, "quick job on thread %d ran %d times", i, atomic_load(&quick.ran[i]));
+
+    /* one thread: the job runs inline and no idle work is called */
+    pool *one = pool_create(1);
+    idle none = {.limit = 5};
+    job solo = {0};
+    pool_run_idle(one, job_fn, &solo, idle_fn, &none);
+    CHECK(atomic_load(&solo.ran[0]) == 1, "one-thread job ran %d times", atomic_load(&solo.ran[0]));
+    CHECK(atomic_load(&none.calls[0]) == 0, "one thread called idle work %d times", atomic_load(&none.calls[0]));
+    pool_free(one);
+    pool_free(p);
+    return test_summary();
+}
