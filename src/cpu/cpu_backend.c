@@ -20,7 +20,8 @@
 #include "pool.h"
 #include "quant.h"
 
-#define GEMM_UNIT 16   /* rows per work unit */
+#define GEMM_UNIT 16   /* rows per work unit of a repacked matrix (one REPACK_ROWS group) */
+#define GEMM_UNIT_BYTES 16384 /* a float matrix's unit: as many rows as fit, 1..GEMM_UNIT */
 #define MAX_JOBS 1024
 
 /* Stages of a step, in order, for the optional profile. */
@@ -44,7 +45,8 @@ typedef struct gemm_job {
     int n_tok;
     float *out;
     size_t out_stride;
-    size_t unit_stride; /* weight bytes from one GEMM_UNIT of rows to the next */
+    int unit_rows;      /* rows per work unit */
+    size_t unit_stride; /* weight bytes from one unit to the next */
 } gemm_job;
 
 /* What one thread requests into its L2 while it waits in the pool (pool_run_idle): the first
@@ -168,12 +170,19 @@ static const void *act_for(const act_set *a, const model_weight *w, size_t *byte
 /* ---- gemm jobs: all rows of all queued jobs split over threads ------------------------ */
 
 /* The bytes a gemm over matrix mat of w reads: the prepared copy where there is one (repacked,
- * or plain on huge pages), else the file's; *unit_stride = bytes from one GEMM_UNIT of rows to
- * the next; *pw = the prepared copy or NULL. */
-static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, size_t *unit_stride,
-                                  const prep_weight **pw) {
+ * or plain on huge pages), else the file's; its work units: *unit_rows rows (GEMM_UNIT, the
+ * quantized kernels' row group; for a float matrix, whose kernels go row by row, as many as
+ * fit GEMM_UNIT_BYTES, so one of long rows — the f32 router, 8 units of 16 rows — still splits
+ * finely between threads) and *unit_stride bytes apart; *pw = the prepared copy or NULL. */
+static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, int *unit_rows,
+                                  size_t *unit_stride, const prep_weight **pw) {
     *pw = cpu_prepared_find(st->prep, w);
-    *unit_stride = *pw && (*pw)->repacked ? (*pw)->group_bytes * (GEMM_UNIT / REPACK_ROWS) : w->row_bytes * GEMM_UNIT;
+    const bool fl = w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16;
+    *unit_rows = fl ? (int)DT_MAX((size_t)1, DT_MIN((size_t)GEMM_UNIT, GEMM_UNIT_BYTES / w->row_bytes)) : GEMM_UNIT;
+    if (*pw && (*pw)->repacked)
+        *unit_stride = (*pw)->group_bytes * (GEMM_UNIT / REPACK_ROWS);
+    else
+        *unit_stride = w->row_bytes * (size_t)*unit_rows;
     return *pw ? (*pw)->data + (size_t)mat * (*pw)->mat_stride : (const uint8_t *)w->data + (size_t)mat * w->mat_bytes;
 }
 
@@ -182,7 +191,7 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     DT_ASSERT(st->n_jobs < MAX_JOBS);
     gemm_job *j = &st->jobs[st->n_jobs++];
     const prep_weight *pw;
-    j->w = job_weights(st, w, mat, &j->unit_stride, &pw);
+    j->w = job_weights(st, w, mat, &j->unit_rows, &j->unit_stride, &pw);
     j->fn_nx = NULL;
     if (pw && pw->repacked) {
         j->fn = NULL;
@@ -239,7 +248,7 @@ static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
     }
 }
 
-/* Every 16-row unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
+/* Every work unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
  * its own segment of the units, then stealing). Each run is cut at job boundaries into
  * kernel calls; before each call the start of what most likely follows (the next job in the
  * run, or the units after an own-segment run) is prefetched, and a repacked kernel streams on
@@ -265,7 +274,7 @@ static void jobs_task(void *ctx, int ith, int nth) {
                 job_next(st, e, jn, &nx);
             } else if (ith == 0 && own && e == end)
                 nx = st->warm;
-            int r0 = (u - st->job_unit0[ji]) * GEMM_UNIT, r1 = DT_MIN((e - st->job_unit0[ji]) * GEMM_UNIT, j->rows);
+            int r0 = (u - st->job_unit0[ji]) * j->unit_rows, r1 = DT_MIN((e - st->job_unit0[ji]) * j->unit_rows, j->rows);
             if (j->fn_nx)
                 j->fn_nx(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride, &nx);
             else
@@ -286,8 +295,9 @@ static void ahead_add(cpu_state *st, const model_weight *w, int mat) {
     DT_ASSERT(st->n_ahead_jobs < MAX_JOBS);
     ahead_job *a = &st->ahead_jobs[st->n_ahead_jobs++];
     const prep_weight *pw;
-    a->w = job_weights(st, w, mat, &a->unit_stride, &pw);
-    a->units = (w->rows + GEMM_UNIT - 1) / GEMM_UNIT;
+    int unit_rows;
+    a->w = job_weights(st, w, mat, &unit_rows, &a->unit_stride, &pw);
+    a->units = (w->rows + unit_rows - 1) / unit_rows;
 }
 
 /* Each thread's part of the plan: from the front of its claim segment (claim_reset's cut of the
@@ -343,7 +353,7 @@ static void jobs_run(cpu_state *st) {
     if (!st->n_jobs) return;
     st->job_unit0[0] = 0;
     for (int i = 0; i < st->n_jobs; i++)
-        st->job_unit0[i + 1] = st->job_unit0[i] + (st->jobs[i].rows + GEMM_UNIT - 1) / GEMM_UNIT;
+        st->job_unit0[i + 1] = st->job_unit0[i] + (st->jobs[i].rows + st->jobs[i].unit_rows - 1) / st->jobs[i].unit_rows;
     claim_reset(&st->claim, st->job_unit0[st->n_jobs]);
     if (st->nth == 1)
         jobs_task(st, 0, 1);
@@ -412,16 +422,14 @@ static void norm_task(void *ctx, int ith, int nth) {
 
 static inline fp16_t f2h(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
-static void rope(float *v, const float *cs, const float *sn, int half) {
-    for (int i = 0; i < half; i++) {
-        float x0 = v[i], x1 = v[i + half];
-        v[i] = (x0 * cs[i]) - (x1 * sn[i]);
-        v[i + half] = (x1 * cs[i]) + (x0 * sn[i]);
-    }
-}
+/* Asks for the line at p in a state to be written (PREFETCHW; a no-op where the CPU lacks it). */
+static inline void prefetch_w(const void *p) { __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p)); }
 
 /* Q/K norm + RoPE; K and V stored to the arena as fp16. Items: (row, KV head) pairs, each
- * with the query heads that share the KV head. */
+ * with the query heads that share the KV head. The arena lines the item stores to are cold
+ * (the whole model streamed through the caches since the last step; K's position-grouped
+ * layout spreads one position over hd/2 lines): they are asked for first, so their fetches
+ * overlap the query heads' work. */
 static void qk_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
@@ -434,17 +442,19 @@ static void qk_task(void *ctx, int ith, int nth) {
         int r = i / hp->n_head_kv, h = i % hp->n_head_kv;
         int pos = c->b->pos[r], slot = c->b->slot[r];
         const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
+        fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
+        fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
+        for (int d = 0; d < hd; d += 64 / (KV_POS_GROUP * (int)sizeof(fp16_t))) prefetch_w(kd + kv_k_index(pos, d, hd));
+        for (int d = 0; d < hd; d += 64 / (int)sizeof(fp16_t)) prefetch_w(vd + d);
         for (int g = h * group; g < (h + 1) * group; g++) {
             float *qh = st->q + (size_t)r * H + (size_t)g * hd;
             st->rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
-            rope(qh, cs, sn, half);
+            vec_rope(qh, cs, sn, half);
         }
         float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
         const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
         st->rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
-        rope(kh, cs, sn, half);
-        fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
-        fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
+        vec_rope(kh, cs, sn, half);
         for (int d = 0; d < hd; d++) {
             kd[kv_k_index(pos, d, hd)] = f2h(kh[d]);
             vd[d] = f2h(vh[d]);

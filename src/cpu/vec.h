@@ -15,6 +15,23 @@ static inline void vec_add(float *x, const float *t, int n) {
     for (; i < n; i++) x[i] = x[i] + t[i];
 }
 
+/* Rotary embedding of one head in the split-halves form: for i < half, with x0 = v[i] and
+ * x1 = v[i + half], v[i] = (x0 * c[i]) - (x1 * s[i]) and v[i + half] = (x1 * c[i]) + (x0 * s[i]). */
+static inline void vec_rope(float *v, const float *c, const float *s, int half) {
+    int i = 0;
+    for (; i + 8 <= half; i += 8) {
+        const __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + half + i);
+        const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+        _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(x0, vc), _mm256_mul_ps(x1, vs)));
+        _mm256_storeu_ps(v + half + i, _mm256_add_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x0, vs)));
+    }
+    for (; i < half; i++) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = (x0 * c[i]) - (x1 * s[i]);
+        v[i + half] = (x1 * c[i]) + (x0 * s[i]);
+    }
+}
+
 /* The MoE combine in one pass: x[i] = x[i] + a_i, a_i = +0 then fma(w[r], y[r][i], a_i) for
  * r = 0..k-1 ascending (the accumulation stays in registers; each element gets the scalar
  * loop's operations). Each y row is prefetched a KiB ahead: the rows were just written by
