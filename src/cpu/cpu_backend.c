@@ -22,6 +22,7 @@
 
 #define GEMM_UNIT 16   /* rows per work unit of a repacked matrix (one REPACK_ROWS group) */
 #define GEMM_UNIT_BYTES 16384 /* a float matrix's unit: as many rows as fit, 1..GEMM_UNIT */
+#define GEMM_FINE_TOK 4       /* ... for calls of up to this many tokens (more: each call re-reads them all) */
 #define MAX_JOBS 1024
 
 /* Stages of a step, in order, for the optional profile. */
@@ -174,10 +175,10 @@ static const void *act_for(const act_set *a, const model_weight *w, size_t *byte
  * quantized kernels' row group; for a float matrix, whose kernels go row by row, as many as
  * fit GEMM_UNIT_BYTES, so one of long rows — the f32 router, 8 units of 16 rows — still splits
  * finely between threads) and *unit_stride bytes apart; *pw = the prepared copy or NULL. */
-static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, int *unit_rows,
+static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, int n_tok, int *unit_rows,
                                   size_t *unit_stride, const prep_weight **pw) {
     *pw = cpu_prepared_find(st->prep, w);
-    const bool fl = w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16;
+    const bool fl = (w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) && n_tok <= GEMM_FINE_TOK;
     *unit_rows = fl ? (int)DT_MAX((size_t)1, DT_MIN((size_t)GEMM_UNIT, GEMM_UNIT_BYTES / w->row_bytes)) : GEMM_UNIT;
     if (*pw && (*pw)->repacked)
         *unit_stride = (*pw)->group_bytes * (GEMM_UNIT / REPACK_ROWS);
@@ -191,7 +192,7 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     DT_ASSERT(st->n_jobs < MAX_JOBS);
     gemm_job *j = &st->jobs[st->n_jobs++];
     const prep_weight *pw;
-    j->w = job_weights(st, w, mat, &j->unit_rows, &j->unit_stride, &pw);
+    j->w = job_weights(st, w, mat, n_tok, &j->unit_rows, &j->unit_stride, &pw);
     j->fn_nx = NULL;
     if (pw && pw->repacked) {
         j->fn = NULL;
@@ -291,12 +292,12 @@ static void jobs_task(void *ctx, int ith, int nth) {
  * job_add will queue them, then ahead_finish. A plan with no jobs requests nothing. */
 static void ahead_start(cpu_state *st) { st->n_ahead_jobs = 0; }
 
-static void ahead_add(cpu_state *st, const model_weight *w, int mat) {
+static void ahead_add(cpu_state *st, const model_weight *w, int mat, int n_tok) {
     DT_ASSERT(st->n_ahead_jobs < MAX_JOBS);
     ahead_job *a = &st->ahead_jobs[st->n_ahead_jobs++];
     const prep_weight *pw;
     int unit_rows;
-    a->w = job_weights(st, w, mat, &unit_rows, &a->unit_stride, &pw);
+    a->w = job_weights(st, w, mat, n_tok, &unit_rows, &a->unit_stride, &pw);
     a->units = (w->rows + unit_rows - 1) / unit_rows;
 }
 
@@ -611,11 +612,11 @@ static void ahead_after_down(cpu_state *st, const step_ctx *c) {
     ahead_start(st);
     if (c->layer + 1 < m->hp.n_layer) {
         const model_layer *N = &m->layers[c->layer + 1];
-        ahead_add(st, &N->wq, 0);
-        ahead_add(st, &N->wk, 0);
-        ahead_add(st, &N->wv, 0);
+        ahead_add(st, &N->wq, 0, c->b->n);
+        ahead_add(st, &N->wk, 0, c->b->n);
+        ahead_add(st, &N->wv, 0, c->b->n);
     } else
-        ahead_add(st, &m->output, 0);
+        ahead_add(st, &m->output, 0, 1); /* logits: the last rows only, as a rule */
     ahead_finish(st);
 }
 
@@ -636,7 +637,7 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     }
     ahead_start(st);
     for (int e = 0; e < hp->n_expert; e++)
-        if (st->exp_cnt[e]) ahead_add(st, &L->down_exps, e);
+        if (st->exp_cnt[e]) ahead_add(st, &L->down_exps, e, st->exp_cnt[e]);
     ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
@@ -670,7 +671,7 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
         job_add(st, &L->up_exps, st->sel[i], act, ab, 1, st->u + (size_t)i * F, (size_t)F);
     }
     ahead_start(st);
-    for (int i = 0; i < K; i++) ahead_add(st, &L->down_exps, st->sel[i]);
+    for (int i = 0; i < K; i++) ahead_add(st, &L->down_exps, st->sel[i], 1);
     ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
@@ -697,7 +698,7 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     act = act_for(&st->a_embd, &L->ffn_up, &ab);
     job_add(st, &L->ffn_up, 0, act, ab, n, st->u, (size_t)F);
     ahead_start(st);
-    ahead_add(st, &L->ffn_down, 0);
+    ahead_add(st, &L->ffn_down, 0, n);
     ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
@@ -746,7 +747,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         act = act_for(&st->a_embd, &L->wv, &ab);
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         ahead_start(st);
-        ahead_add(st, &L->wo, 0);
+        ahead_add(st, &L->wo, 0, n);
         ahead_finish(st);
         jobs_run(st);
         prof_mark(st, CS_QKV);
@@ -765,9 +766,9 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         warm_add(st, L->ffn_norm, sizeof(float) * (size_t)E);
         ahead_start(st);
         if (hp->arch == MODEL_ARCH_QWEN3MOE)
-            ahead_add(st, &L->gate_inp, 0);
+            ahead_add(st, &L->gate_inp, 0, n);
         else
-            ahead_add(st, &L->ffn_gate, 0), ahead_add(st, &L->ffn_up, 0);
+            ahead_add(st, &L->ffn_gate, 0, n), ahead_add(st, &L->ffn_up, 0, n);
         ahead_finish(st);
         jobs_run(st);
         prof_mark(st, CS_O);
@@ -809,9 +810,9 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
     ahead_start(st); /* the next step's first stage */
-    ahead_add(st, &m->layers[0].wq, 0);
-    ahead_add(st, &m->layers[0].wk, 0);
-    ahead_add(st, &m->layers[0].wv, 0);
+    ahead_add(st, &m->layers[0].wq, 0, n); /* the next step: most likely as many rows */
+    ahead_add(st, &m->layers[0].wk, 0, n);
+    ahead_add(st, &m->layers[0].wv, 0, n);
     ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_OUTPUT);
