@@ -4,6 +4,7 @@
  * row's token, position and KV contents: work is split over output rows,
  * tokens, heads and expert pairs, never over a reduction, so batch company and
  * thread count cannot change a bit. */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -79,6 +80,7 @@ typedef struct cpu_state {
     kv_arena *kv;
     pool *pool;
     int nth, max_rows, level;
+    bool prfchw; /* the CPU has PREFETCHW */
     char desc[96];
     quant_gemm_fn gemm[QT_COUNT];
     repack_gemm_next_fn gemm_rp[QT_COUNT];  /* kernels on repacked matrices */
@@ -423,7 +425,7 @@ static void norm_task(void *ctx, int ith, int nth) {
 
 static inline fp16_t f2h(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
-/* Asks for the line at p in a state to be written (PREFETCHW; a no-op where the CPU lacks it). */
+/* Asks for the line at p in a state to be written (PREFETCHW; only where CPUID reports it: st->prfchw). */
 static inline void prefetch_w(const void *p) { __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p)); }
 
 /* Q/K norm + RoPE; K and V stored to the arena as fp16. Items: (row, KV head) pairs, each
@@ -445,8 +447,10 @@ static void qk_task(void *ctx, int ith, int nth) {
         const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
         fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
         fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
-        for (int d = 0; d < hd; d += 64 / (KV_POS_GROUP * (int)sizeof(fp16_t))) prefetch_w(kd + kv_k_index(pos, d, hd));
-        for (int d = 0; d < hd; d += 64 / (int)sizeof(fp16_t)) prefetch_w(vd + d);
+        if (st->prfchw) {
+            for (int d = 0; d < hd; d += 64 / (KV_POS_GROUP * (int)sizeof(fp16_t))) prefetch_w(kd + kv_k_index(pos, d, hd));
+            for (int d = 0; d < hd; d += 64 / (int)sizeof(fp16_t)) prefetch_w(vd + d);
+        }
         for (int g = h * group; g < (h + 1) * group; g++) {
             float *qh = st->q + (size_t)r * H + (size_t)g * hd;
             st->rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
@@ -833,6 +837,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
+    unsigned ea, eb, ec, ed;
+    st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level);
