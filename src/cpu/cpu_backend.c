@@ -53,7 +53,7 @@ typedef struct gemm_job {
 
 /* What one thread requests into its L2 while it waits in the pool (pool_run_idle): the first
  * CPU_AHEAD_BYTES of its own segment of the gemm stage that comes next, in the order its kernel
- * calls will read them. One cache line per thread: only that thread writes `done`. */
+ * calls will read them. Each thread's on its own cache lines: only that thread writes `done`. */
 typedef struct ahead_thr {
     cpu_next r;
     size_t done; /* bytes of r requested so far */
@@ -295,6 +295,7 @@ static void jobs_task(void *ctx, int ith, int nth) {
 static void ahead_start(cpu_state *st) { st->n_ahead_jobs = 0; }
 
 static void ahead_add(cpu_state *st, const model_weight *w, int mat, int n_tok) {
+    if (st->nth == 1) return; /* one thread never waits */
     DT_ASSERT(st->n_ahead_jobs < MAX_JOBS);
     ahead_job *a = &st->ahead_jobs[st->n_ahead_jobs++];
     const prep_weight *pw;
@@ -306,6 +307,7 @@ static void ahead_add(cpu_state *st, const model_weight *w, int mat, int n_tok) 
 /* Each thread's part of the plan: from the front of its claim segment (claim_reset's cut of the
  * same units) at most CPU_AHEAD_BYTES, to the segment's end, in up to CPU_NEXT_MAX regions. */
 static void ahead_finish(cpu_state *st) {
+    if (st->nth == 1) return;
     ahead_thr *t = st->ahead[!st->ahead_cur];
     int total = 0;
     for (int i = 0; i < st->n_ahead_jobs; i++) total += st->ahead_jobs[i].units;
