@@ -1,7 +1,8 @@
 /* ab_kernel.c — in-process A/B of two versions of the AVX-512 repacked gemm kernels
  * (src/cpu/repack_avx512.c), built by bench/ab_kernel.sh with their entry points renamed to
  * repack_gemm_avx512_A / _B. Both run on the same repacked matrix and activations, alternating
- * A, B, A, B, ... in one process, best time per side: on this shared VM, separate runs drift
+ * A, B, A, B, ... in one process; prints the best time per side and the median of the per-round
+ * B/A ratios (AB_ROUNDS=N sets the rounds: 8 for large matrices, 30 otherwise): on this shared VM, separate runs drift
  * by 20–40% between phases, alternating calls within a process do not.
  *
  *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048] [NMAT=1]
@@ -131,7 +132,9 @@ int main(int argc, char **argv) {
         }
     double best[2] = {1e30, 1e30};
     const double total = (double)rpm * nmat;
-    const int reps = (int)(2e8 / total) + 1, rounds = total > 1e8 ? 8 : 30;
+    const char *er = getenv("AB_ROUNDS"); /* more rounds: a steadier median */
+    const int reps = (int)(2e8 / total) + 1, rounds = DT_MAX(1, DT_MIN(1000, er ? atoi(er) : total > 1e8 ? 8 : 30));
+    double *ratio = xcalloc((size_t)rounds, sizeof(double)), tr_a = 0;
     for (int r = 0; r < rounds; r++)
         for (int v = 0; v < 2; v++) {
             double t = 0;
@@ -141,6 +144,13 @@ int main(int argc, char **argv) {
                     t += pass(&tm, base, rows);
                 }
             if (t / reps < best[v]) best[v] = t / reps;
+            if (v == 0) tr_a = t;
+            else ratio[r] = tr_a / t;
+        }
+    for (int i = 1; i < rounds; i++) /* insertion sort: rounds are few */
+        for (int j = i; j > 0 && ratio[j] < ratio[j - 1]; j--) {
+            const double x = ratio[j];
+            ratio[j] = ratio[j - 1], ratio[j - 1] = x;
         }
     tm.quit = 1;
     for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
@@ -148,7 +158,9 @@ int main(int argc, char **argv) {
     for (int v = 0; v < 2; v++)
         printf("  %c %.2f GB/s%s", 'A' + v, total / best[v] / 1e9,
                memcmp(out[v], ref, on * sizeof(float)) ? " (NOT BITWISE EQUAL TO THE REFERENCE)" : "");
-    printf("  B/A %.3f\n", best[0] / best[1]);
+    printf("  B/A %.3f (best of %d rounds each); per-round B/A median %.3f, quartiles %.3f-%.3f\n", best[0] / best[1],
+           rounds, ratio[rounds / 2], ratio[rounds / 4], ratio[(3 * rounds) / 4]);
+    free(ratio);
     free(src), free(wp), free(act), free(xf), free(ref), free(out[0]), free(out[1]);
     return 0;
 }
