@@ -1,9 +1,10 @@
 /* ab_kernel.c — in-process A/B of two versions of the AVX-512 repacked gemm kernels
  * (src/cpu/repack_avx512.c), built by bench/ab_kernel.sh with their entry points renamed to
  * repack_gemm_avx512_A / _B. Both run on the same repacked matrix and activations, alternating
- * A, B, A, B, ... in one process; prints the best time per side and the median of the per-round
- * B/A ratios (AB_ROUNDS=N sets the rounds: 8 for large matrices, 30 otherwise): on this shared VM, separate runs drift
- * by 20–40% between phases, alternating calls within a process do not.
+ * A, B, A, B, ... in one process; prints the best time per side and the median of the
+ * per-round B/A ratios (AB_ROUNDS=N sets the rounds: 8 for large matrices, 30 otherwise): on
+ * this shared VM, separate runs drift by 20–40% between phases, alternating calls within a
+ * process do not, though a best-of-8 ratio still moves 2–3% between identical sides.
  *
  *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048] [NMAT=1]
  * ROWS 32 keeps the matrix in cache (36 KB of Q4_K, 53 KB of Q6_K at k = 2048: the kernels'
