@@ -12,6 +12,7 @@
 #   bench/ab_kernel.sh --attn REV_A REV_B [HEADS_PER_KV=8] [HEAD_DIM=128] [N=2000]
 #   bench/ab_kernel.sh --attn-cold REV_A REV_B CTX [ROUNDS=30]      # e.g. CTX 2048
 #
+# AB_ROUNDS=N sets the kernel A/B's rounds (it prints the best-of ratio and the median of the per-round ones).
 # REV may be WORK for the working tree's file. CFLAGS_A / CFLAGS_B add flags to one side's compile,
 # e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B.
 # Both sides compile against the working tree's headers and link its build/libditto.a (rebuilt here if
