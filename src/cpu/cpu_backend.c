@@ -612,16 +612,20 @@ static void warm_after_down(cpu_state *st, const step_ctx *c) {
              sizeof(float) * (size_t)E);
 }
 
+/* Adds layer L's q/k/v gemm stage over n rows to the plan being built. */
+static void ahead_add_qkv(cpu_state *st, const model_layer *L, int n) {
+    ahead_add(st, &L->wq, 0, n);
+    ahead_add(st, &L->wk, 0, n);
+    ahead_add(st, &L->wv, 0, n);
+}
+
 /* Plans the stage after the down projection: the next layer's q/k/v, or the output head. */
 static void ahead_after_down(cpu_state *st, const step_ctx *c) {
     const model *m = st->m;
     ahead_start(st);
-    if (c->layer + 1 < m->hp.n_layer) {
-        const model_layer *N = &m->layers[c->layer + 1];
-        ahead_add(st, &N->wq, 0, c->b->n);
-        ahead_add(st, &N->wk, 0, c->b->n);
-        ahead_add(st, &N->wv, 0, c->b->n);
-    } else
+    if (c->layer + 1 < m->hp.n_layer)
+        ahead_add_qkv(st, &m->layers[c->layer + 1], c->b->n);
+    else
         ahead_add(st, &m->output, 0, 1); /* logits: the last rows only, as a rule */
     ahead_finish(st);
 }
@@ -815,10 +819,8 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     run_items(st, out_norm_task, &c, n_out, 2L * n_out * E);
     const void *act = act_for(&st->a_embd, &m->output, &ab);
     job_add(st, &m->output, 0, act, ab, n_out, logits, (size_t)hp->n_vocab);
-    ahead_start(st); /* the next step's first stage */
-    ahead_add(st, &m->layers[0].wq, 0, n); /* the next step: most likely as many rows */
-    ahead_add(st, &m->layers[0].wk, 0, n);
-    ahead_add(st, &m->layers[0].wv, 0, n);
+    ahead_start(st); /* the next step's first stage, most likely over as many rows */
+    ahead_add_qkv(st, &m->layers[0], n);
     ahead_finish(st);
     jobs_run(st);
     prof_mark(st, CS_OUTPUT);
