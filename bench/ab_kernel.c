@@ -26,8 +26,15 @@
 #include "gemm_job.h"
 #include "quant.h"
 
-quant_gemm_fn repack_gemm_avx512_A(uint32_t type);
-quant_gemm_fn repack_gemm_avx512_B(uint32_t type);
+/* form: enum cpu_stream (AB_FORM_A / AB_FORM_B: near-far or two-l1, default near-far); a
+ * revision from before the forms takes one argument and ignores the second. */
+quant_gemm_fn repack_gemm_avx512_A(uint32_t type, enum cpu_stream form);
+quant_gemm_fn repack_gemm_avx512_B(uint32_t type, enum cpu_stream form);
+
+static enum cpu_stream form_env(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "two-l1") ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
+}
 
 /* Worker threads persist and spin between passes (a pass over a 1-5 MB matrix, as the model's
  * calls are, takes 20-100 us: thread creation per pass would dominate it). */
@@ -121,7 +128,8 @@ int main(int argc, char **argv) {
     const size_t on = (size_t)rows * (size_t)nt;
     float *ref = xmalloc(on * sizeof(float)), *out[2] = {xmalloc(on * sizeof(float)), xmalloc(on * sizeof(float))};
     tr->gemm(src, rb, 0, rows, k, act, ab, nt, ref, (size_t)rows);
-    const quant_gemm_fn fn[2] = {repack_gemm_avx512_A(type), repack_gemm_avx512_B(type)};
+    const quant_gemm_fn fn[2] = {repack_gemm_avx512_A(type, form_env("AB_FORM_A")),
+                                 repack_gemm_avx512_B(type, form_env("AB_FORM_B"))};
     DT_ASSERT(fn[0] && fn[1]);
     static team tm;
     tm.nth = nth;

@@ -133,7 +133,8 @@ static int gguf_mode(const char *path, const char *which, int reps) {
                 tr->gemm(src + (size_t)m * mb, rb, 0, rows, k, act, ab, nt, o1, (size_t)rows);
                 for (int lv = full ? CPU_GENERIC : (int)cpu_level_hw(); lv <= (int)cpu_level_hw(); lv++) {
                     memset(o2, 0xFF, (size_t)rows * nt * 4);
-                    repack_gemm(T->type, (enum cpu_level)lv)(wp + (size_t)m * rpm, gb, 0, rows, k, act, ab, nt, o2,
+                    repack_gemm(T->type, (enum cpu_level)lv, cpu_stream_detect())(wp + (size_t)m * rpm, gb, 0, rows, k,
+                                                                                  act, ab, nt, o2,
                                                             (size_t)rows);
                     bad += memcmp(o1, o2, (size_t)rows * nt * 4) != 0;
                 }
@@ -141,7 +142,8 @@ static int gguf_mode(const char *path, const char *which, int reps) {
         }
         bad_total += bad;
         /* timing: every matrix once per pass, as the MoE layer calls them */
-        const quant_gemm_fn f_rm = cpu_quant_gemm(T->type, CPU_AVX512), f_rp = repack_gemm(T->type, CPU_AVX512);
+        const quant_gemm_fn f_rm = cpu_quant_gemm(T->type, CPU_AVX512),
+                            f_rp = repack_gemm(T->type, CPU_AVX512, cpu_stream_detect());
         double gbs[2][2];
         for (int ni = 0; ni < 2; ni++) {
             const int nt = ni ? 4 : 1;
@@ -248,7 +250,7 @@ int main(int argc, char **argv) {
         DT_ASSERT(maxnt <= 64);
         for (int t = 16; t < maxnt; t++) memcpy(act + (size_t)t * ab, act + (size_t)(t % 16) * ab, ab);
         float *o1 = xaligned((size_t)rows * maxnt * 4), *o2 = xaligned((size_t)rows * maxnt * 4);
-        const quant_gemm_fn f_rm = cpu_quant_gemm(type, lv), f_rp = repack_gemm(type, lv);
+        const quant_gemm_fn f_rm = cpu_quant_gemm(type, lv), f_rp = repack_gemm(type, lv, cpu_stream_detect());
         for (int ni = 0; ni < n_nts; ni++) {
             const int nt = nts[ni];
             for (int th = 1; th <= maxth; th++) {

@@ -17,12 +17,14 @@ typedef struct bw_ctx {
     size_t bytes;
     int streams; /* interleaved sequential streams per thread */
     int pf;      /* software prefetch: 0 none, 1 into L1 1 KiB ahead, 2 as the kernels (cpu/prefetch.h) */
+    int form;    /* the one-token kernels' enum cpu_stream, for pf 2 */
     uint64_t sink[64];
 } bw_ctx;
 
 /* Reads this thread's share of buf as `streams` interleaved sequential streams, 128 bytes
  * per stream per step, with 256-bit loads and no software prefetch (the hardware's alone), or
- * 1 KiB ahead into L1, or as the kernels prefetch (cpu_prefetch_line: cpu/prefetch.h). */
+ * 1 KiB ahead into L1, or as the one-token kernels prefetch in this host's stream form
+ * (cpu_prefetch_line_form: cpu/prefetch.h). */
 __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
     bw_ctx *c = ctx;
     size_t per = c->bytes / (size_t)nth, base = per * (size_t)ith;
@@ -31,7 +33,10 @@ __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth)
     for (size_t i = 0; i < steps; i++)
         for (int s = 0; s < c->streams; s++) {
             const uint8_t *q = c->buf + base + (size_t)s * span + i * 128;
-            if (c->pf == 2) {
+            if (c->pf == 2 && c->form == CPU_STREAM_TWO_L1) {
+                cpu_prefetch_line_form((const char *)q, CPU_STREAM_TWO_L1);
+                cpu_prefetch_line_form((const char *)q + 64, CPU_STREAM_TWO_L1);
+            } else if (c->pf == 2) {
                 cpu_prefetch_line((const char *)q);
                 cpu_prefetch_line((const char *)q + 64);
             } else if (c->pf == 1) {
@@ -52,7 +57,13 @@ struct bench_probe {
     uint8_t *buf;
     size_t bytes;
     pool *pool;
+    int form; /* enum cpu_stream */
 };
+
+/* The stream form of the one-token kernels the backend will run (cpu_backend.c). */
+static enum cpu_stream bench_form(void) {
+    return cpu_level_detect() >= CPU_AVX512 ? cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
+}
 
 bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     /* on transparent huge pages where the kernel gives them, as the repacked weights are */
@@ -66,6 +77,7 @@ bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     p->buf = buf;
     p->bytes = bytes;
     p->pool = pool_create(n_threads);
+    p->form = bench_form();
     return p;
 }
 
@@ -74,7 +86,7 @@ double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERN
     double best = 0, bp[BENCH_PATTERNS] = {0};
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < BENCH_PATTERNS; i++) {
-            bw_ctx c = {p->buf, p->bytes, 1 << (i / 3), i % 3, {0}};
+            bw_ctx c = {p->buf, p->bytes, 1 << (i / 3), i % 3, p->form, {0}};
             double t0 = time_now();
             pool_run(p->pool, bw_task, &c);
             double gb = (double)p->bytes / (time_now() - t0) / 1e9;
@@ -535,8 +547,10 @@ int bench_cmd(int argc, char **argv) {
     uint64_t bpt = model_bytes_per_token(m);
     char cpu[256], pf_form[96];
     cpu_describe(cpu, sizeof cpu);
-    snprintf(pf_form, sizeof pf_form, "%d B ahead to %s and %d B to %s; 0 = none", CPU_PF_DIST,
-             CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_PF_FAR, CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
+    const int form = bench_form();
+    snprintf(pf_form, sizeof pf_form, "%s: %d B ahead to %s and %d B to %s; 0 = none", cpu_stream_name(form),
+             CPU_FORM_DIST(form), CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_FORM_FAR(form),
+             CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\ncpu: %s\nbackend: "
            "%s\n%s\n",
            path, (double)m->n_params / 1e9, tl, tc, cpu, e->be->describe(e->be_state), arena);

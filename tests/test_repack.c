@@ -137,8 +137,10 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
     for (size_t i = 0; i < on; i++) ref[i] = bits_f32(0x7FC0DEAD);
     tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
-    for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
-        const quant_gemm_fn f = repack_gemm(type, (enum cpu_level)lv);
+    /* every level, and at AVX-512 every stream form (cpu/prefetch.h: one or two streams per call) */
+    for (int lf = 0; lf <= (int)g_max + (g_max >= CPU_AVX512 ? CPU_STREAM_COUNT - 1 : 0); lf++) {
+        const int lv = DT_MIN(lf, (int)g_max), fm = lf - lv;
+        const quant_gemm_fn f = repack_gemm(type, (enum cpu_level)lv, (enum cpu_stream)fm);
         for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
         f(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
         const int bad = memcmp(ref, got, on * 4) != 0;
@@ -149,16 +151,19 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
                             i % stride, ref[i], f32_bits(ref[i]), got[i], f32_bits(got[i]));
                     break;
                 }
-        CHECK(!bad, "%s %s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal to the reference",
-              tr->name, cpu_level_name((enum cpu_level)lv), R, r0, r1, n_tok, k, wadv, aadv);
+        CHECK(!bad, "%s %s %s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal to the reference",
+              tr->name, cpu_level_name((enum cpu_level)lv), cpu_stream_name((enum cpu_stream)fm), R, r0, r1, n_tok, k,
+              wadv, aadv);
         /* told what follows the call (or nothing), the kernel computes the same bits: its
          * prefetch runs on into those regions and reads nothing from them */
         const cpu_next nx = {2, {w, wp}, {rb * (size_t)R, repack_bytes(type, R, k)}};
         for (int h = 0; h < 2; h++) {
             for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
-            repack_gemm_next(type, (enum cpu_level)lv)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride, h ? &nx : NULL);
-            CHECK(!memcmp(ref, got, on * 4), "%s %s R=%d rows [%d,%d) n_tok=%d k=%d, next %s: not bitwise equal",
-                  tr->name, cpu_level_name((enum cpu_level)lv), R, r0, r1, n_tok, k, h ? "given" : "NULL");
+            repack_gemm_next(type, (enum cpu_level)lv, (enum cpu_stream)fm)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride,
+                                                                            h ? &nx : NULL);
+            CHECK(!memcmp(ref, got, on * 4), "%s %s %s R=%d rows [%d,%d) n_tok=%d k=%d, next %s: not bitwise equal",
+                  tr->name, cpu_level_name((enum cpu_level)lv), cpu_stream_name((enum cpu_stream)fm), R, r0, r1, n_tok,
+                  k, h ? "given" : "NULL");
         }
     }
     n_cases++;
@@ -207,6 +212,13 @@ static void test_gemm(uint32_t type) {
         gemm_case(type, 67, 16, 64, 1 + test_rndi(9), KS[i], 1, i & 1);
         gemm_case(type, 67, 48, 67, 9 + test_rndi(9), KS[i], 0, 0);
         gemm_case(type, 16, 0, 16, 8, KS[i], 1, 1);
+    }
+    /* one token over 1..14 groups (the two-stream form's halves: even and odd counts, a partial
+     * last group, a range starting past group 0) */
+    for (int g = 1; g <= 14; g++) {
+        const int R = 16 * g - (g % 3 == 0 ? 7 : 0);
+        gemm_case(type, R, 0, R, 1, KS[test_rndi(NK)], g & 1, (g >> 1) & 1);
+        if (g > 1) gemm_case(type, R, 16, R, 1, KS[test_rndi(NK)], (g >> 1) & 1, g & 1);
     }
     /* rows long enough that the kernels take fewer than 64 tokens per pass (nb = 64, 96) */
     gemm_case(type, 20, 0, 20, 40, 16384, 1, 1);
@@ -269,7 +281,7 @@ static void test_layout(uint32_t type) {
     tr->gemm(w, rb, 0, R, k, a, ab, 3, ref, 40);
     for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
         memset(got, 0, sizeof got);
-        repack_gemm(type, (enum cpu_level)lv)(wu + 4, gb, 0, R, k, a, ab, 3, got, 40);
+        repack_gemm(type, (enum cpu_level)lv, CPU_STREAM_NEAR_FAR)(wu + 4, gb, 0, R, k, a, ab, 3, got, 40);
         int diff = 0;
         for (int t = 0; t < 3; t++) diff |= memcmp(ref + 40 * t, got + 40 * t, (size_t)R * 4);
         CHECK(!diff, "%s %s: unaligned repacked matrix", tr->name, cpu_level_name((enum cpu_level)lv));
@@ -280,21 +292,46 @@ static void test_layout(uint32_t type) {
 static void test_api(void) {
     CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q6_K), "Q4_K, Q6_K supported");
     CHECK(!repack_supported(QT_Q4_0) && !repack_supported(QT_F32) && !repack_supported(QT_Q5_K), "others not");
-    CHECK(repack_gemm(QT_Q4_0, CPU_AVX512) == NULL, "no gemm for an unsupported type");
+    const enum cpu_stream NF = CPU_STREAM_NEAR_FAR, L1 = CPU_STREAM_TWO_L1;
+    CHECK(repack_gemm(QT_Q4_0, CPU_AVX512, NF) == NULL, "no gemm for an unsupported type");
     for (int lv = CPU_GENERIC; lv <= CPU_AVX512; lv++)
-        CHECK(repack_gemm(QT_Q4_K, (enum cpu_level)lv) && repack_gemm(QT_Q6_K, (enum cpu_level)lv),
+        CHECK(repack_gemm(QT_Q4_K, (enum cpu_level)lv, NF) && repack_gemm(QT_Q6_K, (enum cpu_level)lv, NF),
               "a kernel at every level");
     CHECK(repack_bytes(QT_Q4_K, 0, 256) == 0 && repack_bytes(QT_Q4_K, 17, 256) == 2 * 16 * 144, "repack_bytes");
     /* the best level really dispatches to its own kernels */
     if (g_max >= CPU_AVX512)
-        CHECK(repack_gemm(QT_Q4_K, CPU_AVX512) == repack_gemm_avx512(QT_Q4_K) && repack_gemm_avx512(QT_Q6_K) &&
-                  repack_gemm(QT_Q6_K, CPU_AVX512) == repack_gemm_avx512(QT_Q6_K),
-              "avx512 dispatch");
+        for (int i = 0; i < CPU_STREAM_COUNT; i++) {
+            const enum cpu_stream fm = (enum cpu_stream)i;
+            CHECK(repack_gemm(QT_Q4_K, CPU_AVX512, fm) == repack_gemm_avx512(QT_Q4_K, fm) &&
+                      repack_gemm_avx512(QT_Q6_K, fm) &&
+                      repack_gemm(QT_Q6_K, CPU_AVX512, fm) == repack_gemm_avx512(QT_Q6_K, fm),
+                  "avx512 dispatch, stream form %s", cpu_stream_name(fm));
+        }
+    if (g_max >= CPU_AVX512)
+        CHECK(repack_gemm(QT_Q4_K, CPU_AVX512, NF) != repack_gemm(QT_Q4_K, CPU_AVX512, L1) &&
+                  repack_gemm_next(QT_Q6_K, CPU_AVX512, NF) != repack_gemm_next(QT_Q6_K, CPU_AVX512, L1),
+              "each stream form has its own AVX-512 kernels");
+    CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == repack_gemm(QT_Q4_K, CPU_AVX2, L1), "below AVX-512 the form is ignored");
     if (g_max >= CPU_AVX2)
-        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2) == repack_gemm_avx2(QT_Q4_K) && repack_gemm_avx2(QT_Q6_K) &&
-                  repack_gemm(QT_Q6_K, CPU_AVX2) == repack_gemm_avx2(QT_Q6_K),
+        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == repack_gemm_avx2(QT_Q4_K) && repack_gemm_avx2(QT_Q6_K) &&
+                  repack_gemm(QT_Q6_K, CPU_AVX2, NF) == repack_gemm_avx2(QT_Q6_K),
               "avx2 dispatch");
-    CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC) != repack_gemm_avx2(QT_Q4_K), "generic is its own kernel");
+    CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC, NF) != repack_gemm_avx2(QT_Q4_K), "generic is its own kernel");
+    /* the form: DITTO_CPU_STREAM names one; anything else leaves the host's default */
+    const char *old = getenv("DITTO_CPU_STREAM");
+    char *keep = old ? strdup(old) : NULL;
+    unsetenv("DITTO_CPU_STREAM");
+    const enum cpu_stream def = cpu_stream_detect();
+    setenv("DITTO_CPU_STREAM", "two-l1", 1);
+    CHECK(cpu_stream_detect() == L1, "DITTO_CPU_STREAM=two-l1");
+    setenv("DITTO_CPU_STREAM", "near-far", 1);
+    CHECK(cpu_stream_detect() == NF, "DITTO_CPU_STREAM=near-far");
+    setenv("DITTO_CPU_STREAM", "fast", 1);
+    CHECK(cpu_stream_detect() == def, "DITTO_CPU_STREAM=fast is ignored");
+    CHECK(!strcmp(cpu_stream_name(NF), "near-far") && !strcmp(cpu_stream_name(L1), "two-l1"), "form names");
+    if (keep) setenv("DITTO_CPU_STREAM", keep, 1);
+    else unsetenv("DITTO_CPU_STREAM");
+    free(keep);
 }
 
 int main(void) {
@@ -307,6 +344,7 @@ int main(void) {
     test_layout(QT_Q6_K);
     test_gemm(QT_Q4_K);
     test_gemm(QT_Q6_K);
-    printf("  %d gemm cases x %d levels in %.1f s\n", n_cases, (int)g_max + 1, time_now() - t0);
+    printf("  %d gemm cases x %d levels (and %d stream forms at avx512) in %.1f s\n", n_cases, (int)g_max + 1,
+           CPU_STREAM_COUNT, time_now() - t0);
     return test_summary();
 }

@@ -80,6 +80,7 @@ typedef struct cpu_state {
     kv_arena *kv;
     pool *pool;
     int nth, max_rows, level;
+    int stream; /* enum cpu_stream of the one-token kernels */
     bool prfchw; /* the CPU has PREFETCHW */
     char desc[96];
     quant_gemm_fn gemm[QT_COUNT];
@@ -221,32 +222,40 @@ static int job_of(const cpu_state *st, int u, int hint) {
     return hint;
 }
 
-/* Prefetches the start of the weights from unit u on, at most to the end of its job, so the
- * kernel that starts there does not wait a full memory latency for its first lines: the first
- * JOB_PF_BYTES into L1 and, where `far` (a stream that no earlier call of this thread continues
- * into), the lines up to CPU_PF_FAR into L2 — the kernel's own requests run that far ahead of it. */
-#define JOB_PF_BYTES CPU_PF_DIST
-static void job_prefetch(const cpu_state *st, int u, int ji, bool far) {
-    const gemm_job *j = &st->jobs[ji];
-    const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
-    const size_t left = (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride;
-    const size_t n = DT_MIN((size_t)JOB_PF_BYTES, left);
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
-    if (far)
-        for (size_t o = n; o < DT_MIN((size_t)CPU_PF_FAR, left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
+/* The stream form (cpu/prefetch.h) in which job j's kernel requests its weights: the host's
+ * for the AVX-512 one-token kernels on repacked matrices, CPU_STREAM_NEAR_FAR for the rest. */
+static int job_form(const cpu_state *st, const gemm_job *j) {
+    return j->fn_nx && j->n_tok == 1 ? st->stream : CPU_STREAM_NEAR_FAR;
 }
 
-/* The weights of job ji from unit u on, past the JOB_PF_BYTES that job_prefetch takes, up to
- * CPU_PF_SPAN of them and at most to the job's end: where the kernel before unit u keeps
- * streaming once its own rows end. */
+/* Prefetches the start of the weights from unit u on, at most to the end of its job, so the
+ * kernel that starts there does not wait a full memory latency for its first lines: the first
+ * CPU_FORM_DIST bytes of the job's form into L1 and, where `far` (a stream that no earlier call
+ * of this thread continues into), the lines up to CPU_FORM_FAR into L2 — the kernel's own
+ * requests run that far ahead of it. */
+static void job_prefetch(const cpu_state *st, int u, int ji, bool far) {
+    const gemm_job *j = &st->jobs[ji];
+    const int f = job_form(st, j);
+    const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
+    const size_t left = (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride;
+    const size_t n = DT_MIN((size_t)CPU_FORM_DIST(f), left);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
+    if (far)
+        for (size_t o = n; o < DT_MIN((size_t)CPU_FORM_FAR(f), left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
+}
+
+/* The weights of job ji from unit u on, past the bytes that job_prefetch takes into L1, up to
+ * the form's CPU_FORM_SPAN of them and at most to the job's end: where the kernel before unit u
+ * keeps streaming once its own rows end. */
 static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
     const gemm_job *j = &st->jobs[ji];
-    const size_t off = (size_t)(u - st->job_unit0[ji]) * j->unit_stride + JOB_PF_BYTES;
+    const int f = job_form(st, j);
+    const size_t off = (size_t)(u - st->job_unit0[ji]) * j->unit_stride + (size_t)CPU_FORM_DIST(f);
     const size_t len = (size_t)(st->job_unit0[ji + 1] - st->job_unit0[ji]) * j->unit_stride;
     nx->n = 0;
     if (off < len) {
         nx->p[0] = (const uint8_t *)j->w + off;
-        nx->len[0] = DT_MIN((size_t)CPU_PF_SPAN, len - off);
+        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(f), len - off);
         nx->n = 1;
     }
 }
@@ -841,14 +850,17 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
+    const bool avx512 = st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512;
+    st->stream = avx512 ? (int)cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
-        if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level);
+        if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
-    snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s", cpu_level_name(st->level), st->nth,
-             st->nth > 1 ? "s" : "");
+    snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s%s%s", cpu_level_name(st->level), st->nth,
+             st->nth > 1 ? "s" : "", st->level >= CPU_AVX512 ? ", weight stream " : "",
+             st->level >= CPU_AVX512 ? cpu_stream_name(st->stream) : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);

@@ -18,6 +18,16 @@
 
 enum cpu_level { CPU_GENERIC = 0, CPU_AVX2 = 1, CPU_AVX512 = 2 };
 
+/* How the AVX-512 one-token kernels stream a weight matrix (cpu/prefetch.h has the forms and
+ * what each read where): the same results in every form, a different order of memory requests. */
+enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_COUNT };
+
+/* The form for this host: env DITTO_CPU_STREAM=near-far|two-l1 if set (anything else is
+ * ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later, where it was measured
+ * faster, and CPU_STREAM_NEAR_FAR elsewhere. */
+enum cpu_stream cpu_stream_detect(void);
+const char *cpu_stream_name(enum cpu_stream form);
+
 /* Best level this CPU (and OS) supports; env DITTO_CPU=generic|avx2|avx512 can lower it
  * (never raise it). */
 enum cpu_level cpu_level_detect(void);

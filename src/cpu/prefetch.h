@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu/cpu_quant.h"
+
 /* Overridable at build time (bench/ab_kernel.sh compares forms in one process); CPU_PF_DIST 0
  * turns the near request off, CPU_PF_FAR 0 the far one. */
 #ifndef CPU_PF_DIST
@@ -46,11 +48,32 @@
 /* How far past a call's rows its requests reach: the length a continuation (cpu_next) needs. */
 #define CPU_PF_SPAN (CPU_PF_FAR > CPU_PF_DIST ? CPU_PF_FAR : CPU_PF_DIST)
 
-/* Both requests for the line at p (a stream read front to back; no bound check: a prefetch
- * past the end of a mapping does not fault). */
+/* How the one-token (solo decode) kernels stream a matrix, chosen per host at run time
+ * (cpu_stream_detect, cpu_quant.h); results are the same bits in every form, only the order of
+ * memory requests differs. The multi-token kernels use CPU_STREAM_NEAR_FAR's requests in both.
+ *   CPU_STREAM_NEAR_FAR: one stream per call, each line requested CPU_PF_DIST ahead into L1 and
+ *     CPU_PF_FAR ahead into L2 (the Intel host of the thirteenth to seventeenth sessions).
+ *   CPU_STREAM_TWO_L1: the call's groups in two halves read in lockstep, block by block (two
+ *     streams per thread), each line requested CPU_PF2_DIST ahead into L1 only. On the Zen 5
+ *     host of the eighteenth session the one-token kernels read 1.07-1.21x the single 4 KiB
+ *     stream in-process and that stream 1.02-1.06x NEAR_FAR; with NEAR_FAR's requests two
+ *     streams read 0.93-0.98x one (bench/cpu-speed.md, eighteenth session). */
+#ifndef CPU_PF2_DIST
+#define CPU_PF2_DIST 4096
+#endif
+/* A form's near / far distances (bytes; 0 = no such request) and the longer of the two. */
+#define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : CPU_PF_DIST)
+#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? 0 : CPU_PF_FAR)
+#define CPU_FORM_SPAN(f) (CPU_FORM_FAR(f) > CPU_FORM_DIST(f) ? CPU_FORM_FAR(f) : CPU_FORM_DIST(f))
+
+/* Both requests of form f for the line at p (a stream read front to back; no bound check: a
+ * prefetch past the end of a mapping does not fault). f is a constant once inlined. */
+static inline __attribute__((always_inline)) void cpu_prefetch_line_form(const char *p, const int f) {
+    if (CPU_FORM_FAR(f)) _mm_prefetch(p + CPU_FORM_FAR(f), CPU_PF_FAR_HINT);
+    if (CPU_FORM_DIST(f)) _mm_prefetch(p + CPU_FORM_DIST(f), CPU_PF_HINT);
+}
 static inline __attribute__((always_inline)) void cpu_prefetch_line(const char *p) {
-    if (CPU_PF_FAR) _mm_prefetch(p + CPU_PF_FAR, CPU_PF_FAR_HINT);
-    if (CPU_PF_DIST) _mm_prefetch(p + CPU_PF_DIST, CPU_PF_HINT);
+    cpu_prefetch_line_form(p, CPU_STREAM_NEAR_FAR);
 }
 
 /* What the calling thread reads right after a kernel call, in order: up to CPU_NEXT_MAX
@@ -107,11 +130,16 @@ static inline __attribute__((always_inline)) void cpu_prefetch_tier(const uint8_
     }
 }
 
-/* Both requests for the `bytes` at p, the far one first (it has the longer wait ahead). */
+/* Both requests of form f for the `bytes` at p, the far one first (it has the longer wait ahead). */
+static inline __attribute__((always_inline)) void cpu_prefetch_ahead_form(const uint8_t *p, size_t bytes,
+                                                                          const uint8_t *end, const cpu_next *nx,
+                                                                          const int f) {
+    if (CPU_FORM_FAR(f)) cpu_prefetch_tier(p, bytes, end, nx, CPU_FORM_FAR(f), CPU_PF_FAR_HINT);
+    if (CPU_FORM_DIST(f)) cpu_prefetch_tier(p, bytes, end, nx, CPU_FORM_DIST(f), CPU_PF_HINT);
+}
 static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8_t *p, size_t bytes,
                                                                      const uint8_t *end, const cpu_next *nx) {
-    if (CPU_PF_FAR) cpu_prefetch_tier(p, bytes, end, nx, CPU_PF_FAR, CPU_PF_FAR_HINT);
-    if (CPU_PF_DIST) cpu_prefetch_tier(p, bytes, end, nx, CPU_PF_DIST, CPU_PF_HINT);
+    cpu_prefetch_ahead_form(p, bytes, end, nx, CPU_STREAM_NEAR_FAR);
 }
 
 /* Requests the lines of the block CPU_PF_AGAIN1 and CPU_PF_AGAIN2 bytes ahead of p into L2 again,

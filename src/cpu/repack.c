@@ -237,24 +237,24 @@ RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp)
 static enum cpu_level rp_level(uint32_t type, enum cpu_level level) {
     const enum cpu_level hw = cpu_level_hw();
     if (level > hw) level = hw;
-    if (level >= CPU_AVX512 && repack_gemm_avx512(type)) return CPU_AVX512;
+    if (level >= CPU_AVX512 && repack_gemm_avx512(type, CPU_STREAM_NEAR_FAR)) return CPU_AVX512;
     if (level >= CPU_AVX2 && repack_gemm_avx2(type)) return CPU_AVX2;
     return CPU_GENERIC;
 }
 
-quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level) {
+quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream form) {
     if (!repack_supported(type)) return NULL;
     switch (rp_level(type, level)) {
-    case CPU_AVX512: return repack_gemm_avx512(type);
+    case CPU_AVX512: return repack_gemm_avx512(type, form);
     case CPU_AVX2: return repack_gemm_avx2(type);
     default: return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
     }
 }
 
-repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level) {
+repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum cpu_stream form) {
     if (!repack_supported(type)) return NULL;
     switch (rp_level(type, level)) {
-    case CPU_AVX512: return repack_gemm_next_avx512(type);
+    case CPU_AVX512: return repack_gemm_next_avx512(type, form);
     case CPU_AVX2: return repack_gemm_next_avx2(type);
     default: return type == QT_Q4_K ? gemm_q4_K_rp_generic_next : gemm_q6_K_rp_generic_next;
     }

@@ -53,9 +53,10 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * group beyond r1 are computed but not stored). Activations as for the reference
  * (quant_act_row / cpu_quant_act_row, QA_Q8_256). Bitwise equal to the reference gemm.
  * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
- * kernel) falls back to the next lower one; the generic kernel always exists. NULL for an
- * unsupported type. */
-quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level);
+ * kernel) falls back to the next lower one; the generic kernel always exists. form: how the
+ * AVX-512 one-token kernel streams the matrix (the other levels ignore it; same results). NULL
+ * for an unsupported type. */
+quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream form);
 
 /* The same gemm, told what the calling thread reads right after the call (nx, may be NULL;
  * struct cpu_next in cpu/prefetch.h): the kernel's prefetch continues into it past the end
@@ -66,12 +67,12 @@ struct cpu_next;
 typedef void (*repack_gemm_next_fn)(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,
                                     size_t act_bytes, int n_tok, float *out, size_t out_stride,
                                     const struct cpu_next *nx);
-repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level);
+repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum cpu_stream form);
 
 /* Per-level tables (repack_avx512.c, repack_avx2.c); NULL where the level has no kernel. */
-quant_gemm_fn repack_gemm_avx512(uint32_t type);
+quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form);
 quant_gemm_fn repack_gemm_avx2(uint32_t type);
-repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type);
+repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form);
 repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type);
 
 /* ---- layout constants (shared by repack.c and the SIMD kernels) ---- */

@@ -127,10 +127,10 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
-/* The requests (cpu_prefetch_line) for the n 64-byte lines of block B from line l on: a kernel
- * with `spread` issues them beside its own loads of those lines. */
-AI void pf_lines(const uint8_t *B, int l, int n) {
-    for (int i = 0; i < n; i++) cpu_prefetch_line((const char *)B + 64 * (l + i));
+/* The requests of stream form f (cpu_prefetch_line_form) for the n 64-byte lines of block B
+ * from line l on: a kernel with `spread` issues them beside its own loads of those lines. */
+AI void pf_lines(const uint8_t *B, int l, int n, const int f) {
+    for (int i = 0; i < n; i++) cpu_prefetch_line_form((const char *)B + 64 * (l + i), f);
 }
 
 /* acc += vpdpwssd(W, broadcast of the int16 pair at p), the broadcast in the memory operand. */
@@ -179,14 +179,14 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
 AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc, const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 32, 4);
+    if (spread) pf_lines(B, 32, 4, CPU_STREAM_NEAR_FAR);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         __m512i se[TCH], so[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            if (spread) pf_lines(B, 8 * p + i, 1);
+            if (spread) pf_lines(B, 8 * p + i, 1, CPU_STREAM_NEAR_FAR);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
@@ -225,15 +225,15 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
  * `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
  * CPU_PF_FAR ahead of it issued beside its load (cpu_prefetch_line) instead of in one burst before
  * the block; the caller says whether they lie within the call's rows. */
-AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a, const bool spread) {
+AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a, const bool spread, const int f) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     __m512i se[4], so[4];
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 32, 4);
+    if (spread) pf_lines(B, 32, 4, f);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            if (spread) pf_lines(B, 8 * p + i, 1);
+            if (spread) pf_lines(B, 8 * p + i, 1, f);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
@@ -284,9 +284,9 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
                    const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 48, 4);
+    if (spread) pf_lines(B, 48, 4, CPU_STREAM_NEAR_FAR);
     _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
-        if (spread) pf_lines(B, 3 * j, 3);
+        if (spread) pf_lines(B, 3 * j, 3, CPU_STREAM_NEAR_FAR);
         const uint8_t *Bj = launder(B);
         __m512i s[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
@@ -324,15 +324,16 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
  * L[16h + 8 + n], 2-bit vector H[8h + n]) are made together from three loads, each as
  * nibble | (2 bits & 0x30) in one vpternlogd; the 8 sub-block sums of a half h run as 8 chains.
  * `spread` as in q4k_one (52 lines: three beside each of the 16 load triples, four first). */
-AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a, const bool spread) {
+AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a, const bool spread,
+                 const int f) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     __m512i I = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 48, 4);
+    if (spread) pf_lines(B, 48, 4, f);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         __m512i sj[8]; /* sub-block 8h + k */
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) sj[k] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int n = 0; n < 8; n++) {
-            if (spread) pf_lines(B, 3 * (8 * h + n), 3);
+            if (spread) pf_lines(B, 3 * (8 * h + n), 3, f);
             const __m512i L0 = in_reg(LD(B + rp_q6k_l(16 * h + n)));
             const __m512i L1 = in_reg(LD(B + rp_q6k_l(16 * h + 8 + n)));
             const __m512i H = in_reg(LD(B + rp_q6k_h(8 * h + n)));
@@ -401,32 +402,124 @@ static const tok_fn tok_table[2][TCH + 1] = {
  * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same in a block's first
  * chunk of up to 8 tokens (from memory 1.15-1.6x at 2-8 tokens, 1.3-1.4x at 16, 1.05-1.13x at 64).
  * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
-static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
-                                                 const uint8_t *end, const cpu_next *nx) {
+AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
+                   const cpu_next *nx, const int f) {
     __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        const bool spread = B + CPU_PF_SPAN + RP_Q4K_BLOCK <= end;
-        if (!spread) cpu_prefetch_ahead(B, RP_Q4K_BLOCK, end, nx);
-        a = q4k_one(B, y + b, a, spread);
+        const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end;
+        if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end, nx, f);
+        a = q4k_one(B, y + b, a, spread, f);
     }
     _mm512_store_ps(acc, a);
 }
-static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
-                                                 const uint8_t *end, const cpu_next *nx) {
+AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
+                   const cpu_next *nx, const int f) {
     const uint8_t *B0 = G + rp_q6k_header(nb);
-    cpu_prefetch_ahead(G, rp_q6k_header(nb), end, nx);
+    cpu_prefetch_ahead_form(G, rp_q6k_header(nb), end, nx, f);
     __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = B0 + (size_t)b * RP_Q6K_BLOCK;
-        const bool spread = B + CPU_PF_SPAN + RP_Q6K_BLOCK <= end;
-        if (!spread) cpu_prefetch_ahead(B, RP_Q6K_BLOCK, end, nx);
-        a = q6k_one(B, G + 32 * b, y + b, a, spread);
+        const bool spread = B + CPU_FORM_SPAN(f) + RP_Q6K_BLOCK <= end;
+        if (!spread) cpu_prefetch_ahead_form(B, RP_Q6K_BLOCK, end, nx, f);
+        a = q6k_one(B, G + 32 * b, y + b, a, spread, f);
     }
     _mm512_store_ps(acc, a);
 }
 
-static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
+/* One token against two groups G[0], G[1] in lockstep, block by block (CPU_STREAM_TWO_L1: two
+ * streams, each with its own end[s] and continuation nx[s]); each group's chain is
+ * q4k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. */
+AI void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
+                   const cpu_next *const nx[2]) {
+    const int f = CPU_STREAM_TWO_L1;
+    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b++)
+        _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) {
+            const uint8_t *B = G[s] + (size_t)b * RP_Q4K_BLOCK;
+            const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end[s];
+            if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end[s], nx[s], f);
+            a[s] = q4k_one(B, y + b, a[s], spread, f);
+        }
+    _mm512_store_ps(acc, a[0]);
+    _mm512_store_ps(acc + 16, a[1]);
+}
+AI void q6k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
+                   const cpu_next *const nx[2]) {
+    const int f = CPU_STREAM_TWO_L1;
+    const size_t hdr = rp_q6k_header(nb);
+    __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) cpu_prefetch_ahead_form(G[s], hdr, end[s], nx[s], f);
+    for (int b = 0; b < nb; b++)
+        _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) {
+            const uint8_t *B = G[s] + hdr + (size_t)b * RP_Q6K_BLOCK;
+            const bool spread = B + CPU_FORM_SPAN(f) + RP_Q6K_BLOCK <= end[s];
+            if (!spread) cpu_prefetch_ahead_form(B, RP_Q6K_BLOCK, end[s], nx[s], f);
+            a[s] = q6k_one(B, G[s] + 32 * b, y + b, a[s], spread, f);
+        }
+    _mm512_store_ps(acc, a[0]);
+    _mm512_store_ps(acc + 16, a[1]);
+}
+
+/* The one-token kernels, one per (type, stream form). */
+typedef void (*one_fn)(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
+                       const cpu_next *nx);
+#define DEF_ONE(NAME, BODY, F)                                                                              \
+    static __attribute__((noinline)) void NAME(const uint8_t *G, int nb, const block_q8k *y, float *acc,    \
+                                               const uint8_t *end, const cpu_next *nx) {                    \
+        BODY(G, nb, y, acc, end, nx, F);                                                                    \
+    }
+DEF_ONE(q4k_one_nf, q4k_group1, CPU_STREAM_NEAR_FAR)
+DEF_ONE(q6k_one_nf, q6k_group1, CPU_STREAM_NEAR_FAR)
+DEF_ONE(q4k_one_l1, q4k_group1, CPU_STREAM_TWO_L1)
+DEF_ONE(q6k_one_l1, q6k_group1, CPU_STREAM_TWO_L1)
+static __attribute__((noinline)) void q4k_two(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                                              const uint8_t *const end[2], const cpu_next *const nx[2]) {
+    q4k_group2(G, nb, y, acc, end, nx);
+}
+static __attribute__((noinline)) void q6k_two(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                                              const uint8_t *const end[2], const cpu_next *const nx[2]) {
+    q6k_group2(G, nb, y, acc, end, nx);
+}
+
+/* Stores the sums of group g (16 lanes at acc) to out, rows below r1 only. */
+static void store_group(float *out, int g, int r1, const float *acc) {
+    const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
+    _mm512_mask_storeu_ps(out + (size_t)g * REPACK_ROWS, (__mmask16)((1u << nr) - 1u), _mm512_load_ps(acc));
+}
+
+/* One token against groups [g0, g1) in stream form `form`. In CPU_STREAM_TWO_L1 the groups are
+ * cut in two halves, [g0, gm) and [gm, g1) with gm = g0 + n/2, read in lockstep (the second half's
+ * extra group, if any, alone at the end): each half is one ascending stream whose requests stop at
+ * its own end, the second's continuing into nx as the single stream's do. */
+static void gemm_one(const int is6, const int form, const uint8_t *w, size_t group_bytes, int g0, int g1, int r1,
+                     int nb, const block_q8k *y, float *out, const cpu_next *nx) {
+    float acc[32] __attribute__((aligned(64)));
+    const uint8_t *end = w + (size_t)g1 * group_bytes;
+    int g = g0;
+    if (form == CPU_STREAM_TWO_L1 && g1 - g0 >= 2) {
+        const int h = (g1 - g0) / 2, gm = g0 + h;
+        const uint8_t *const ends[2] = {w + (size_t)gm * group_bytes, end};
+        const cpu_next *const nxs[2] = {NULL, nx};
+        /* the second stream's first lines: no earlier request covers them */
+        for (size_t o = 0; o < (size_t)CPU_PF2_DIST && o < (size_t)h * group_bytes; o += 64)
+            _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
+        for (; g < gm; g++) {
+            const uint8_t *const G[2] = {w + (size_t)g * group_bytes, w + (size_t)(g + h) * group_bytes};
+            (is6 ? q6k_two : q4k_two)(G, nb, y, acc, ends, nxs);
+            store_group(out, g, r1, acc);
+            store_group(out, g + h, r1, acc + 16);
+        }
+        g = gm + h;
+    }
+    const one_fn one = form == CPU_STREAM_TWO_L1 ? (is6 ? q6k_one_l1 : q4k_one_l1) : (is6 ? q6k_one_nf : q4k_one_nf);
+    for (; g < g1; g++) {
+        one(w + (size_t)g * group_bytes, nb, y, acc, end, nx);
+        store_group(out, g, r1, acc);
+    }
+}
+
+static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
     const int is6 = type == QT_Q6_K;
     const int nb = k / QK_K;
@@ -436,29 +529,28 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
+    if (n_tok == 1) {
+        gemm_one(is6, form, w, group_bytes, g0, g1, r1, nb, (const block_q8k *)act, out, nx);
+        return;
+    }
     for (int ts = 0; ts < n_tok; ts += TSUP) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
-            if (nt == 1) {
-                const block_q8k *y1 = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)ts * act_bytes);
-                (is6 ? q6k_group1 : q4k_group1)(G, nb, y1, acc, end, nx);
-            } else {
-                for (int t = 0; t < nt; t++) _mm512_store_ps(acc + 16 * t, _mm512_setzero_ps());
-                if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
-                for (int b = 0; b < nb; b++) {
-                    const uint8_t *B = G + hdr + (size_t)b * bb;
-                    /* the requests go beside the first chunk's loads */
-                    const bool spread = B + CPU_PF_SPAN + bb <= end;
-                    if (!spread) cpu_prefetch_ahead(B, bb, end, nx);
-                    /* chunks of up to 8 tokens; the block stays in L1 between them */
-                    for (int tc = 0; tc < nt; tc += TCH) {
-                        const int n = DT_MIN(TCH, nt - tc);
-                        for (int t = 0; t < n; t++)
-                            y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
-                                                                     (size_t)(ts + tc + t) * act_bytes) + b;
-                        tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc, spread && tc == 0);
-                    }
+            for (int t = 0; t < nt; t++) _mm512_store_ps(acc + 16 * t, _mm512_setzero_ps());
+            if (is6) cpu_prefetch_ahead(G, hdr, end, nx);
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *B = G + hdr + (size_t)b * bb;
+                /* the requests go beside the first chunk's loads */
+                const bool spread = B + CPU_PF_SPAN + bb <= end;
+                if (!spread) cpu_prefetch_ahead(B, bb, end, nx);
+                /* chunks of up to 8 tokens; the block stays in L1 between them */
+                for (int tc = 0; tc < nt; tc += TCH) {
+                    const int n = DT_MIN(TCH, nt - tc);
+                    for (int t = 0; t < n; t++)
+                        y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
+                                                                 (size_t)(ts + tc + t) * act_bytes) + b;
+                    tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc, spread && tc == 0);
                 }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -471,23 +563,28 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
 }
 
 #define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
-static void gemm_q4_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
-static void gemm_q6_K_rp_avx512(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
-static void gemm_q4_K_rp_next_avx512(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
-static void gemm_q6_K_rp_next_avx512(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q6_K, PASS, nx); }
+#define DEF_GEMM(T, F, SUF)                                                                                 \
+    static void gemm_##T##_rp##SUF(GEMM_ARGS) { gemm_rp(QT_##T, F, PASS, NULL); }                           \
+    static void gemm_##T##_rp_next##SUF(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_##T, F, PASS, nx); }
+DEF_GEMM(Q4_K, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM(Q6_K, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM(Q4_K, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM(Q6_K, CPU_STREAM_TWO_L1, _l1)
 
-quant_gemm_fn repack_gemm_avx512(uint32_t type) {
+quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
+    const int l1 = form == CPU_STREAM_TWO_L1;
     switch (type) {
-    case QT_Q4_K: return gemm_q4_K_rp_avx512;
-    case QT_Q6_K: return gemm_q6_K_rp_avx512;
+    case QT_Q4_K: return l1 ? gemm_Q4_K_rp_l1 : gemm_Q4_K_rp_nf;
+    case QT_Q6_K: return l1 ? gemm_Q6_K_rp_l1 : gemm_Q6_K_rp_nf;
     default: return NULL;
     }
 }
 
-repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type) {
+repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form) {
+    const int l1 = form == CPU_STREAM_TWO_L1;
     switch (type) {
-    case QT_Q4_K: return gemm_q4_K_rp_next_avx512;
-    case QT_Q6_K: return gemm_q6_K_rp_next_avx512;
+    case QT_Q4_K: return l1 ? gemm_Q4_K_rp_next_l1 : gemm_Q4_K_rp_next_nf;
+    case QT_Q6_K: return l1 ? gemm_Q6_K_rp_next_l1 : gemm_Q6_K_rp_next_nf;
     default: return NULL;
     }
 }
