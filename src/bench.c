@@ -228,6 +228,7 @@ static double median(double *v, int n) {
  * stage's ms in it. */
 typedef struct paired_out {
     double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
+    double rate_q[3]; /* engine 1's tok/s / engine 0's per step: quartiles and median (rate_q[1]) */
     double split, probe_lo, probe_hi; /* the probes' range and its midpoint, GB/s */
     double phase[2][2];               /* [path][below / at or above split]: median ratio in %, or -1 */
     int phase_n[2][2];                /* steps in each */
@@ -240,7 +241,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
     int32_t tok[2], pos[2], sl[2];
     int held = 0; /* slots acquired */
     uint8_t want = 1;
-    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], pv[2][100];
+    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], y[100], pv[2][100];
     float *first = xmalloc(sizeof(float) * (size_t)eng[0]->m->hp.n_vocab);
     for (int k = 0; k < n_eng; k++) {
         uint64_t rng = 77;
@@ -272,7 +273,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             r[k][i] = 100.0 * gbs / pv[k][i];
             for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs / pat[j];
             t[k][i] = 1.0 / dt;
-            if (k == 1) x[i] = r[1][i] / r[0][i];
+            if (k == 1) x[i] = r[1][i] / r[0][i], y[i] = t[1][i] / t[0][i];
             if (trace) { /* one table row per step: the probe beside it, and each stage's ms */
                 ntp = DT_MAX(0, e->be->profile(e->be_state, tp1, BENCH_STAGES));
                 if (i == 0 && k == 0) {
@@ -308,6 +309,11 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
         po->tps[k] = median(t[k], n);
     }
     po->ratio_med = n_eng > 1 ? median(x, n) : 0.0;
+    po->rate_q[0] = po->rate_q[1] = po->rate_q[2] = 0.0;
+    if (n_eng > 1) {
+        po->rate_q[1] = median(y, n); /* sorts */
+        po->rate_q[0] = y[n / 4], po->rate_q[2] = y[(3 * n) / 4];
+    }
     for (int k = 0; k < n_eng; k++) kv_slot_release(eng[k]->kv, sl[k]);
     free(first);
     return 0;
@@ -473,10 +479,40 @@ static void cpu_describe(char *buf, size_t cap) {
     snprintf(buf, cap, "%s (%s family %s model %s), %d CPUs online", name, vendor, fam, mod, cli_default_threads(1 << 20));
 }
 
+/* --forms: n solo steps of one stream in each one-token stream form (cpu/prefetch.h) in turn, in
+ * one process, each followed by a probe pass (paired_run); prints the per-step tok/s ratio
+ * two-l1 / near-far (the fairest A/B this VM allows: the phases hit both alike) and whether the
+ * forms' logits were bitwise equal at every step. */
+static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, ditto_err *err) {
+    engine *ef[CPU_STREAM_COUNT] = {NULL};
+    int rc = -1;
+    for (int f = 0; f < CPU_STREAM_COUNT; f++) {
+        engine_opts o = *base;
+        o.max_streams = 1, o.unify = false, o.profile = false, o.cpu_stream = f;
+        if (engine_create(&ef[f], m, &o, err)) goto done;
+    }
+    paired_out po;
+    if (paired_run(ef, CPU_STREAM_COUNT, probe, plen, n, false, &po, err) < 0) goto done;
+    printf("\nstream forms (%d solo steps in each form in turn, each followed by one probe pass):\n\n"
+           "| form | backend | median tok/s | %% of the best pattern (quartiles) |\n|---|---|---:|---|\n",
+           n);
+    for (int f = 0; f < CPU_STREAM_COUNT; f++)
+        printf("| %s | %s | %.2f | %.0f%% (%.0f–%.0f%%) |\n", cpu_stream_name(f), ef[f]->be->describe(ef[f]->be_state),
+               po.tps[f], po.q[f][1], po.q[f][0], po.q[f][2]);
+    printf("\n%s / %s, median of the per-step tok/s ratios: %.3f (quartiles %.3f–%.3f), per probe %.3f; logits"
+           " bitwise equal at every step: %s\n",
+           cpu_stream_name(CPU_STREAM_TWO_L1), cpu_stream_name(CPU_STREAM_NEAR_FAR), po.rate_q[1], po.rate_q[0],
+           po.rate_q[2], po.ratio_med, po.same ? "yes" : "NO");
+    rc = 0;
+done:
+    for (int f = 0; f < CPU_STREAM_COUNT; f++) engine_free(ef[f]);
+    return rc;
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
-    bool unify = false, profile = false, trace = false;
+    bool unify = false, profile = false, trace = false, forms = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -499,8 +535,9 @@ int bench_cmd(int argc, char **argv) {
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
+        else if (!strcmp(a, "--forms")) forms = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--paired N [--trace]] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--paired N [--trace] [--forms]] [--profile]\n");
             return 2;
         }
     }
@@ -650,6 +687,7 @@ int bench_cmd(int argc, char **argv) {
                    pb.x_plain, pb.same ? "yes" : "NO");
         }
     }
+    if (paired && forms && forms_run(m, &o, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

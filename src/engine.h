@@ -15,6 +15,7 @@ typedef struct engine_opts {
     int ctx;           /* per-slot context cap (positions) */
     int max_rows;      /* rows per forward step (prefill chunk + decoders) */
     int cpu_level;     /* -1: best detected */
+    int cpu_stream;    /* -1: this host's form (cpu/cpu_quant.h, cpu_stream_detect) */
     bool unify;        /* route lone decode rows through the batched path too */
     bool profile;      /* per-stage step timings (backend_ops.profile), for ditto bench */
 } engine_opts;

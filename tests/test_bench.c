@@ -1,13 +1,15 @@
 /* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
  * are there, --paired runs the solo and the unify path step by step and finds their logits
  * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise
- * a solo stream and row 0 of a 2-stream batch with its prompt; bad arguments are refused.
+ * a solo stream and row 0 of a 2-stream batch with its prompt, and (--forms) the one-token
+ * kernels' two weight stream forms; bad arguments are refused.
  * Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "cpu/cpu_quant.h"
 #include "test.h"
 
 /* Runs bench_cmd on argv with stdout captured into buf; returns its exit code. */
@@ -75,6 +77,24 @@ int main(void) {
     const char *line = strstr(out, "paired (");
     if (line) printf("%.*s\n", (int)strcspn(line, "\n"), line);
     printf("unify / solo per-step ratio: %.3f\n", ratio);
+
+    /* --forms: solo steps in each stream form in turn, their logits bitwise equal at every step */
+    char *fm[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--forms"};
+    rc = run_bench(14, fm, out, sizeof out);
+    CHECK(rc == 0, "bench --forms exit %d", rc);
+    const char *sf = strstr(out, "\nstream forms (3 solo steps");
+    CHECK(sf && strstr(sf, "\n| near-far | cpu ") && strstr(sf, "\n| two-l1 | cpu "), "--forms: a row per form");
+    if (cpu_level_detect() >= CPU_AVX512)
+        CHECK(sf && strstr(sf, "| two-l1 | cpu avx512, 2 threads, weight stream two-l1 |") &&
+                  strstr(sf, "| near-far | cpu avx512, 2 threads, weight stream near-far |"),
+              "--forms: each engine runs its own form");
+    const char *fr = sf ? strstr(sf, "two-l1 / near-far, median of the per-step tok/s ratios: ") : NULL;
+    char fline[512] = "";
+    if (fr) snprintf(fline, sizeof fline, "%.*s", (int)strcspn(fr, "\n"), fr);
+    CHECK(strstr(fline, "logits bitwise equal at every step: yes") != NULL,
+          "--forms: the two forms' logits are bitwise equal at every step (%s)", fline);
+    printf("%s\n", fline);
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"}};
     for (int i = 0; i < 3; i++) {

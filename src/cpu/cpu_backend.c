@@ -841,6 +841,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     const model_hparams *hp = &m->hp;
     if (o->n_threads < 1 || o->n_threads > 256) return err_set(err, "threads = %d (must be 1..256)", o->n_threads);
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
+    if (o->cpu_stream >= CPU_STREAM_COUNT)
+        return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
     cpu_state *st = xcalloc(1, sizeof *st);
     st->m = m;
     st->kv = kv;
@@ -851,7 +853,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     const bool avx512 = st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512;
-    st->stream = avx512 ? (int)cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
+    st->stream = !avx512 ? CPU_STREAM_NEAR_FAR : o->cpu_stream < 0 ? (int)cpu_stream_detect() : o->cpu_stream;
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
