@@ -63,7 +63,10 @@
 #endif
 /* A form's near / far distances (bytes; 0 = no such request) and the longer of the two. */
 #define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : CPU_PF_DIST)
-#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? 0 : CPU_PF_FAR)
+#ifndef CPU_PF2_FAR
+#define CPU_PF2_FAR 0 /* two-l1's far request into L2: none */
+#endif
+#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_FAR : CPU_PF_FAR)
 #define CPU_FORM_SPAN(f) (CPU_FORM_FAR(f) > CPU_FORM_DIST(f) ? CPU_FORM_FAR(f) : CPU_FORM_DIST(f))
 
 /* Both requests of form f for the line at p (a stream read front to back; no bound check: a
