@@ -55,9 +55,10 @@
  *     CPU_PF_FAR ahead into L2 (the Intel host of the thirteenth to seventeenth sessions).
  *   CPU_STREAM_TWO_L1: the call's groups in two halves read in lockstep, block by block (two
  *     streams per thread), each line requested CPU_PF2_DIST ahead into L1 only. On the Zen 5
- *     host of the eighteenth session the one-token kernels read 1.07-1.21x the single 4 KiB
- *     stream in-process and that stream 1.02-1.06x NEAR_FAR; with NEAR_FAR's requests two
- *     streams read 0.93-0.98x one (bench/cpu-speed.md, eighteenth session). */
+ *     host of the eighteenth session it read 1.09-1.31x NEAR_FAR (one-token kernels, in-process
+ *     medians; the whole solo step 1.02-1.30x); two streams with NEAR_FAR's requests, three or
+ *     four streams, 2 or 8 KiB ahead, or a far request beside it read less (bench/cpu-speed.md,
+ *     eighteenth session). */
 #ifndef CPU_PF2_DIST
 #define CPU_PF2_DIST 4096
 #endif
