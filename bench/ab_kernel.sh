@@ -14,7 +14,7 @@
 #
 # AB_ROUNDS=N sets the kernel A/B's rounds (it prints the best-of ratio and the median of the per-round ones).
 # AB_FORM_A / AB_FORM_B = near-far | two-l1 pick each side's one-token stream form (cpu/prefetch.h), e.g.
-# AB_FORM_B=two-l1 bench/ab_kernel.sh WORK WORK 400000 1 q4_k 2.
+# AB_FORM_B=two-l1 bench/ab_kernel.sh WORK WORK 400000 1 q4_k 2; a revision from before the forms has one (near-far).
 # REV may be WORK for the working tree's file. CFLAGS_A / CFLAGS_B add flags to one side's compile,
 # e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B.
 # Both sides compile against the working tree's headers and link its build/libditto.a (rebuilt here if
@@ -46,6 +46,10 @@ for side in A B; do
     [ $side = B ] && rev=$B
     if [ "$rev" = WORK ]; then cp $SRC "$T/$side.c"
     else git show "$rev:$SRC" > "$T/$side.c"; fi
+    # a revision from before the stream forms (c2a006d): its entry points take the form and ignore it
+    if [ $ATTN = 0 ] && ! grep -q 'enum cpu_stream form' "$T/$side.c"; then
+        sed -i 's/^\(quant_gemm_fn repack_gemm_avx512\|repack_gemm_next_fn repack_gemm_next_avx512\)(uint32_t type)/\1(uint32_t type, enum cpu_stream form __attribute__((unused)))/' "$T/$side.c"
+    fi
     extra=${CFLAGS_A:-}
     [ $side = B ] && extra=${CFLAGS_B:-}
     if [ $ATTN != 0 ]; then rename="-iquote src/cpu -Dattn_group_avx512=attn_group_avx512_$side"
