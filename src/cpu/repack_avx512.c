@@ -32,7 +32,8 @@
  * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
  * The matrix is one sequential stream per group, software-prefetched CPU_PF_DIST bytes ahead into
- * L1 and CPU_PF_FAR into L2 (cpu/prefetch.h), at every token count. */
+ * L1 and CPU_PF_FAR into L2 (cpu/prefetch.h); at one token the host's stream form decides (the
+ * CPU_STREAM_TWO_L1 form reads a call's groups as two lockstep halves, 4 KiB ahead into L1). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -396,8 +397,9 @@ static const tok_fn tok_table[2][TCH + 1] = {
 /* One token against one 16-row group (every block, the accumulators in registers): the
  * one-token path's loop without a call and an accumulator round trip per block. q4k_one /
  * q6k_one read each block front to back (the Q6_K layout is ordered for it). Each block's lines
- * CPU_PF_DIST and CPU_PF_FAR ahead are requested line by line within it where they lie within the
- * call's rows; near the end, in a burst before it, continuing into nx past the call's rows. Spread
+ * the stream form f's distances ahead (CPU_FORM_DIST / CPU_FORM_FAR, cpu/prefetch.h) are requested
+ * line by line within it where they lie within `end`; near it, in a burst before the block,
+ * continuing into nx past it. Spread
  * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
  * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same in a block's first
  * chunk of up to 8 tokens (from memory 1.15-1.6x at 2-8 tokens, 1.3-1.4x at 16, 1.05-1.13x at 64).
