@@ -60,11 +60,6 @@ struct bench_probe {
     int form; /* enum cpu_stream */
 };
 
-/* The stream form of the one-token kernels the backend will run (cpu_backend.c). */
-static enum cpu_stream bench_form(void) {
-    return cpu_level_detect() >= CPU_AVX512 ? cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
-}
-
 bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     /* on transparent huge pages where the kernel gives them, as the repacked weights are */
     const size_t huge = (size_t)2 << 20;
@@ -77,7 +72,7 @@ bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     p->buf = buf;
     p->bytes = bytes;
     p->pool = pool_create(n_threads);
-    p->form = bench_form();
+    p->form = cpu_stream_select(cpu_level_detect(), -1); /* as the backend picks it */
     return p;
 }
 
@@ -584,7 +579,7 @@ int bench_cmd(int argc, char **argv) {
     uint64_t bpt = model_bytes_per_token(m);
     char cpu[256], pf_form[96];
     cpu_describe(cpu, sizeof cpu);
-    const int form = bench_form();
+    const int form = cpu_stream_select(cpu_level_detect(), -1);
     snprintf(pf_form, sizeof pf_form, "%s: %d B ahead to %s and %d B to %s; 0 = none", cpu_stream_name(form),
              CPU_FORM_DIST(form), CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_FORM_FAR(form),
              CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");

@@ -329,6 +329,12 @@ static void test_api(void) {
     setenv("DITTO_CPU_STREAM", "fast", 1);
     CHECK(cpu_stream_detect() == def, "DITTO_CPU_STREAM=fast is ignored");
     CHECK(!strcmp(cpu_stream_name(NF), "near-far") && !strcmp(cpu_stream_name(L1), "two-l1"), "form names");
+    CHECK(cpu_stream_select(CPU_AVX2, L1) == NF && cpu_stream_select(CPU_GENERIC, -1) == NF,
+          "below AVX-512 the form is near-far");
+    if (g_max >= CPU_AVX512)
+        CHECK(cpu_stream_select(CPU_AVX512, L1) == L1 && cpu_stream_select(CPU_AVX512, NF) == NF &&
+                  cpu_stream_select(CPU_AVX512, -1) == cpu_stream_detect(),
+              "at AVX-512 the form asked for, or the host's");
     if (keep) setenv("DITTO_CPU_STREAM", keep, 1);
     else unsetenv("DITTO_CPU_STREAM");
     free(keep);

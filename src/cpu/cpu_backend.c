@@ -852,8 +852,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
-    const bool avx512 = st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512;
-    st->stream = !avx512 ? CPU_STREAM_NEAR_FAR : o->cpu_stream < 0 ? (int)cpu_stream_detect() : o->cpu_stream;
+    st->stream = (int)cpu_stream_select((enum cpu_level)st->level, o->cpu_stream);
+    const bool avx512 = st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512; /* kernels with a form */
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
@@ -861,8 +861,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
     snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s%s%s", cpu_level_name(st->level), st->nth,
-             st->nth > 1 ? "s" : "", st->level >= CPU_AVX512 ? ", weight stream " : "",
-             st->level >= CPU_AVX512 ? cpu_stream_name(st->stream) : "");
+             st->nth > 1 ? "s" : "", avx512 ? ", weight stream " : "", avx512 ? cpu_stream_name(st->stream) : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);

@@ -65,6 +65,11 @@ enum cpu_stream cpu_stream_detect(void) {
     return family >= 0x1a ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
 }
 
+enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
+    if (level < CPU_AVX512 || cpu_level_hw() < CPU_AVX512) return CPU_STREAM_NEAR_FAR;
+    return want < 0 ? cpu_stream_detect() : (enum cpu_stream)want;
+}
+
 const char *cpu_stream_name(enum cpu_stream form) {
     return form == CPU_STREAM_TWO_L1 ? "two-l1" : "near-far";
 }

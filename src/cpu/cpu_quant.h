@@ -26,6 +26,9 @@ enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_COU
  * ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later, where it was measured
  * faster, and CPU_STREAM_NEAR_FAR elsewhere. */
 enum cpu_stream cpu_stream_detect(void);
+/* The form the kernels of `level` run: `want` (enum cpu_stream) or, if negative, this host's;
+ * always CPU_STREAM_NEAR_FAR below AVX-512 (level or hardware), whose kernels have one form. */
+enum cpu_stream cpu_stream_select(enum cpu_level level, int want);
 const char *cpu_stream_name(enum cpu_stream form);
 
 /* Best level this CPU (and OS) supports; env DITTO_CPU=generic|avx2|avx512 can lower it

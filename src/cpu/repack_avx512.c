@@ -432,8 +432,8 @@ AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, con
 /* One token against two groups G[0], G[1] in lockstep, block by block (CPU_STREAM_TWO_L1: two
  * streams, each with its own end[s] and continuation nx[s]); each group's chain is
  * q4k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. */
-AI void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
-                   const cpu_next *const nx[2]) {
+static __attribute__((noinline)) void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *const end[2], const cpu_next *const nx[2]) {
     const int f = CPU_STREAM_TWO_L1;
     __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int b = 0; b < nb; b++)
@@ -446,8 +446,8 @@ AI void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float 
     _mm512_store_ps(acc, a[0]);
     _mm512_store_ps(acc + 16, a[1]);
 }
-AI void q6k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
-                   const cpu_next *const nx[2]) {
+static __attribute__((noinline)) void q6k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *const end[2], const cpu_next *const nx[2]) {
     const int f = CPU_STREAM_TWO_L1;
     const size_t hdr = rp_q6k_header(nb);
     __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -475,15 +475,6 @@ DEF_ONE(q4k_one_nf, q4k_group1, CPU_STREAM_NEAR_FAR)
 DEF_ONE(q6k_one_nf, q6k_group1, CPU_STREAM_NEAR_FAR)
 DEF_ONE(q4k_one_l1, q4k_group1, CPU_STREAM_TWO_L1)
 DEF_ONE(q6k_one_l1, q6k_group1, CPU_STREAM_TWO_L1)
-static __attribute__((noinline)) void q4k_two(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
-                                              const uint8_t *const end[2], const cpu_next *const nx[2]) {
-    q4k_group2(G, nb, y, acc, end, nx);
-}
-static __attribute__((noinline)) void q6k_two(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
-                                              const uint8_t *const end[2], const cpu_next *const nx[2]) {
-    q6k_group2(G, nb, y, acc, end, nx);
-}
-
 /* Stores the sums of group g (16 lanes at acc) to out, rows below r1 only. */
 static void store_group(float *out, int g, int r1, const float *acc) {
     const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -504,11 +495,11 @@ static void gemm_one(const int is6, const int form, const uint8_t *w, size_t gro
         const uint8_t *const ends[2] = {w + (size_t)gm * group_bytes, end};
         const cpu_next *const nxs[2] = {NULL, nx};
         /* the second stream's first lines: no earlier request covers them */
-        for (size_t o = 0; o < (size_t)CPU_PF2_DIST && o < (size_t)h * group_bytes; o += 64)
-            _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
+        const size_t lead = DT_MIN((size_t)CPU_PF2_DIST, (size_t)h * group_bytes);
+        for (size_t o = 0; o < lead; o += 64) _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
         for (; g < gm; g++) {
             const uint8_t *const G[2] = {w + (size_t)g * group_bytes, w + (size_t)(g + h) * group_bytes};
-            (is6 ? q6k_two : q4k_two)(G, nb, y, acc, ends, nxs);
+            (is6 ? q6k_group2 : q4k_group2)(G, nb, y, acc, ends, nxs);
             store_group(out, g, r1, acc);
             store_group(out, g + h, r1, acc + 16);
         }
