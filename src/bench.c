@@ -211,16 +211,19 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Paired solo steps: one stream decodes n steps on each engine of eng[0..n_eng) in turn (the
- * solo path, then the unify path where given), each step followed at once by one pass of the
- * probe's patterns: the step's read rate over the best pattern's, per pair, so both see the
- * same moment of a machine whose bandwidth drifts within seconds. Per engine: median and
- * quartiles of the ratios (in %) into q, the median ratio to each pattern alone into
- * by_pattern, the median step's tok/s into tps; *ratio_med = median over the steps of
- * (engine 1's ratio / engine 0's). Both engines decode the same tokens; *same = whether every
- * step's logits were bitwise equal between them. With trace, each step is also printed as a
- * table row: the probe's GB/s right after it, its ms, and (engines made with profile) each
- * stage's ms in it. */
+/* Paired solo steps: one stream decodes n steps on each engine of eng[0..n_eng) (the solo path,
+ * then the unify path where given). With two engines each step's pair runs back to back, in
+ * alternating order (AB, BA, AB, ...: neither engine always follows the probe's cache sweep),
+ * and one pass of the probe's patterns follows the pair: each step's read rate over the best
+ * pattern's, so both engines' steps see the same moment of a machine whose bandwidth drifts
+ * within seconds. (Before, each step had its own probe pass, ~0.2 s apart: A/A pairs of one
+ * engine form against itself read 0.98, 1.01, 0.98 and 1.22 there, and 0.99, 0.99, 0.99 back to
+ * back — bench/cpu-speed.md, nineteenth session.) Per engine: median and quartiles of the
+ * ratios (in %) into q, the median ratio to each pattern alone into by_pattern, the median
+ * step's tok/s into tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's).
+ * Both engines decode the same tokens; *same = whether every step's logits were bitwise equal
+ * between them. With trace, each step is also printed as a table row: the probe's GB/s after
+ * its pair, its ms, and (engines made with profile) each stage's ms in it. */
 typedef struct paired_out {
     double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
     double rate_q[3]; /* engine 1's tok/s / engine 0's per step: quartiles and median (rate_q[1]) */
@@ -236,8 +239,10 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
     int32_t tok[2], pos[2], sl[2];
     int held = 0; /* slots acquired */
     uint8_t want = 1;
-    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], y[100], pv[2][100];
-    float *first = xmalloc(sizeof(float) * (size_t)eng[0]->m->hp.n_vocab);
+    double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], y[100], pv[2][100], ms[2] = {0, 0};
+    backend_stage tp0[2][BENCH_STAGES], tp1[2][BENCH_STAGES];
+    int ntps = 0;
+    const int V = eng[0]->m->hp.n_vocab;
     for (int k = 0; k < n_eng; k++) {
         uint64_t rng = 77;
         sl[k] = kv_slot_acquire(eng[k]->kv);
@@ -246,43 +251,48 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
         if (prefill(eng[k], sl[k], plen, &rng, &tok[k], err) < 0) goto fail;
     }
     po->same = true;
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < n_eng; k++) {
+    for (int i = 0; i < n; i++) {
+        double gbs[2];
+        for (int kk = 0; kk < n_eng; kk++) {
+            const int k = n_eng == 2 && (i & 1) ? 1 - kk : kk; /* ABBA: neither engine always goes first */
             engine *e = eng[k];
             uint64_t w0, k0, w1, k1;
             e->be->counters(e->be_state, &w0, &k0);
             engine_batch b = {1, &tok[k], &pos[k], &sl[k], &want};
-            backend_stage tp0[BENCH_STAGES], tp1[BENCH_STAGES];
-            int ntp = trace ? e->be->profile(e->be_state, tp0, BENCH_STAGES) : 0;
+            int ntp = trace ? e->be->profile(e->be_state, tp0[k], BENCH_STAGES) : 0;
             double t0 = time_now();
             if (engine_forward(e, &b, err) < 0) goto fail;
             double dt = time_now() - t0;
             e->be->counters(e->be_state, &w1, &k1);
-            const int V = e->m->hp.n_vocab;
-            if (k == 0) memcpy(first, e->logits, sizeof(float) * (size_t)V);
-            else po->same = po->same && !memcmp(first, e->logits, sizeof(float) * (size_t)V);
+            if (trace) ntp = DT_MAX(0, e->be->profile(e->be_state, tp1[k], BENCH_STAGES)), ntps = ntp;
             tok[k] = sampler_argmax(e->logits, V);
             pos[k]++;
-            double gbs = (double)(w1 - w0 + k1 - k0) / dt / 1e9, pat[BENCH_PATTERNS];
-            pv[k][i] = bench_probe_run(probe, 1, pat);
-            r[k][i] = 100.0 * gbs / pv[k][i];
-            for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs / pat[j];
+            gbs[k] = (double)(w1 - w0 + k1 - k0) / dt / 1e9;
             t[k][i] = 1.0 / dt;
-            if (k == 1) x[i] = r[1][i] / r[0][i], y[i] = t[1][i] / t[0][i];
-            if (trace) { /* one table row per step: the probe beside it, and each stage's ms */
-                ntp = DT_MAX(0, e->be->profile(e->be_state, tp1, BENCH_STAGES));
-                if (i == 0 && k == 0) {
-                    printf("\n| trace: path | step | probe GB/s | step ms |");
-                    for (int s = 0; s < ntp; s++) printf(" %s |", tp1[s].name);
-                    printf("\n|---|---:|---:|---:|");
-                    for (int s = 0; s < ntp; s++) printf("---:|");
-                    printf("\n");
-                }
-                printf("| %s | %d | %.1f | %.2f |", k ? "unify" : "solo", i, 100.0 * gbs / r[k][i], 1e3 * dt);
-                for (int s = 0; s < ntp; s++) printf(" %.3f |", 1e3 * (tp1[s].seconds - tp0[s].seconds));
+            ms[k] = 1e3 * dt;
+        }
+        if (n_eng == 2) po->same = po->same && !memcmp(eng[0]->logits, eng[1]->logits, sizeof(float) * (size_t)V);
+        double pat[BENCH_PATTERNS];
+        const double pb = bench_probe_run(probe, 1, pat);
+        for (int k = 0; k < n_eng; k++) {
+            pv[k][i] = pb;
+            r[k][i] = 100.0 * gbs[k] / pb;
+            for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs[k] / pat[j];
+        }
+        if (n_eng == 2) x[i] = r[1][i] / r[0][i], y[i] = t[1][i] / t[0][i];
+        for (int k = 0; trace && k < n_eng; k++) { /* one table row per step: the probe after the pair, each stage's ms */
+            if (i == 0 && k == 0) {
+                printf("\n| trace: path | step | probe GB/s | step ms |");
+                for (int s = 0; s < ntps; s++) printf(" %s |", tp1[k][s].name);
+                printf("\n|---|---:|---:|---:|");
+                for (int s = 0; s < ntps; s++) printf("---:|");
                 printf("\n");
             }
+            printf("| %s | %d | %.1f | %.2f |", k ? "unify" : "solo", i, pb, ms[k]);
+            for (int s = 0; s < ntps; s++) printf(" %.3f |", 1e3 * (tp1[k][s].seconds - tp0[k][s].seconds));
+            printf("\n");
         }
+    }
     /* by phase: steps whose probe lies below / at or above the midpoint of all the probes' range */
     po->probe_lo = 1e300, po->probe_hi = 0.0;
     for (int k = 0; k < n_eng; k++)
@@ -310,11 +320,9 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
         po->rate_q[0] = y[n / 4], po->rate_q[2] = y[(3 * n) / 4];
     }
     for (int k = 0; k < n_eng; k++) kv_slot_release(eng[k]->kv, sl[k]);
-    free(first);
     return 0;
 fail:
     for (int k = 0; k < held; k++) kv_slot_release(eng[k]->kv, sl[k]);
-    free(first);
     return -1;
 }
 
@@ -474,8 +482,8 @@ static void cpu_describe(char *buf, size_t cap) {
     snprintf(buf, cap, "%s (%s family %s model %s), %d CPUs online", name, vendor, fam, mod, cli_default_threads(1 << 20));
 }
 
-/* --forms: n solo steps of one stream in each one-token stream form (cpu/prefetch.h) in turn, in
- * one process, each followed by a probe pass (paired_run); prints the per-step tok/s ratio
+/* --forms: n solo steps of one stream in each one-token stream form (cpu/prefetch.h), in one
+ * process, back to back in alternating order (paired_run); prints the per-step tok/s ratio
  * two-l1 / near-far (the fairest A/B this VM allows: the phases hit both alike) and whether the
  * forms' logits were bitwise equal at every step. */
 static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, ditto_err *err) {
@@ -488,7 +496,8 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
     }
     paired_out po;
     if (paired_run(ef, CPU_STREAM_COUNT, probe, plen, n, false, &po, err) < 0) goto done;
-    printf("\nstream forms (%d solo steps in each form in turn, each followed by one probe pass):\n\n"
+    printf("\nstream forms (%d solo steps in each form, back to back in alternating order, each pair followed by one probe"
+           " pass):\n\n"
            "| form | backend | median tok/s | %% of the best pattern (quartiles) |\n|---|---|---:|---|\n",
            n);
     for (int f = 0; f < CPU_STREAM_COUNT; f++)
@@ -643,8 +652,9 @@ int bench_cmd(int argc, char **argv) {
         engine *pe[2] = {e, eu};
         paired_out po;
         if (paired_run(pe, 2, probe, plen, paired, trace, &po, &err) < 0) goto fail;
-        printf("\npaired (%d decode steps of one stream per path, each step followed by one pass of the probe's %d patterns):"
-               " step read rate %% of the best pattern right after it\n\n",
+        printf("\npaired (%d decode steps of one stream per path, the two paths' steps back to back in alternating order,"
+               " each pair followed by one pass of the probe's %d patterns): step read rate %% of the best pattern right"
+               " after it\n\n",
                paired, BENCH_PATTERNS);
         printf("| path | median | quartiles | median tok/s | vs pattern 1 / 2 / 4 / 8 streams per thread, prefetch none |"
                " L1 1 KiB | kernels' |\n|---|---:|---|---:|---|---|---|\n");
@@ -654,7 +664,7 @@ int bench_cmd(int argc, char **argv) {
                    k ? "unify (batched)" : "solo", po.q[k][1], po.q[k][0], po.q[k][2],
                    po.tps[k], b[0], b[3], b[6], b[9], b[1], b[4], b[7], b[10], b[2], b[5], b[8], b[11]);
         }
-        printf("\nby the probe right after each step, split at %.1f GB/s (midway between the lowest, %.1f, and the highest, %.1f):",
+        printf("\nby the probe right after each pair, split at %.1f GB/s (midway between the lowest, %.1f, and the highest, %.1f):",
                po.split, po.probe_lo, po.probe_hi);
         for (int k = 0; k < 2; k++)
             for (int h = 0; h < 2; h++) {

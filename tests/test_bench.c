@@ -55,7 +55,7 @@ int main(void) {
     CHECK(cl > 8 && !strcmp(cells + cl - 7, "| yes |"),
           "paired batches: row 0 of a 2-stream batch equals the solo stream bitwise (%s)", cells);
     /* the phase split: every path's 3 steps fall below or above the probes' midpoint */
-    const char *ph = strstr(out, "by the probe right after each step, split at ");
+    const char *ph = strstr(out, "by the probe right after each pair, split at ");
     int steps[4] = {0, 0, 0, 0};
     const char *keys[4] = {"solo below: ", "solo above: ", "unify below: ", "unify above: "};
     for (int i = 0; i < 4 && ph; i++) {
