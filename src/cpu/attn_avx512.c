@@ -22,7 +22,20 @@
 #define HMAX 8 /* heads per scores pass */
 #define HSET 8 /* heads per o_c pass */
 #define VSET 2 /* 16-dim vectors per o_c pass */
-#define PF_K_FAR 8 /* position groups of K requested into L2 ahead of the scores (32 KB at hd 128) */
+/* The arena's request distances, overridable at build time (e.g. CFLAGS_B='-DPF_V_FAR=0'
+ * bench/ab_kernel.sh --attn-cold WORK WORK 512; bench/cpu-speed.md, nineteenth session). */
+#ifndef PF_K_FAR
+#define PF_K_FAR 8 /* position groups of K requested into L2 ahead of the scores (32 KB at hd 128); 0: none */
+#endif
+#ifndef PF_V_NEAR
+#define PF_V_NEAR ATTN_CHUNK /* positions of V requested into L1 ahead of the PV pass (16 KB at hd 128) */
+#endif
+#ifndef PF_V_FAR
+#define PF_V_FAR (2 * ATTN_CHUNK) /* positions of V requested into L2 ahead of it; 0: none */
+#endif
+#ifndef PF_K_NEAR
+#define PF_K_NEAR 2 /* position groups of K requested into L1 ahead of the scores (8 KB at hd 128) */
+#endif
 
 static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
 
@@ -38,11 +51,11 @@ AI void score_groups(const int NH, const int NG, const float *q, int hd, const f
                      int ngr, int n, const __m512 vscale, float *s, size_t ss) {
     const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
     const fp16_t *kg = K + (size_t)g * gs;
-    const char *kn = (const char *)(kg + 2 * gs);
-    const int kn_lines = DT_MAX(0, DT_MIN(NG, ngr - (g + 2))) * (hd / 2);
+    const char *kn = (const char *)(kg + PF_K_NEAR * gs);
+    const int kn_lines = DT_MAX(0, DT_MIN(NG, ngr - (g + PF_K_NEAR))) * (hd / 2);
     const int gf = g + PF_K_FAR, in_k = gf < ngr;
     const char *kf = (const char *)(in_k ? K + (size_t)gf * gs : V + (size_t)(gf - ngr) * gs);
-    const int kf_lines = DT_MAX(0, DT_MIN(NG, in_k ? ngr - gf : 2 * ngr - gf)) * (hd / 2);
+    const int kf_lines = PF_K_FAR ? DT_MAX(0, DT_MIN(NG, in_k ? ngr - gf : 2 * ngr - gf)) * (hd / 2) : 0;
     __m512 acc[2][HMAX];
     _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
         acc[u][h] = _mm512_setzero_ps();
@@ -117,8 +130,8 @@ AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp
         oc[h][v] = _mm512_setzero_ps();
     for (int j = j0; j < j1; j++) {
         const fp16_t *vj = V + (size_t)j * hd + 16 * v0;
-        if (j + ATTN_CHUNK < n) _mm_prefetch((const char *)(vj + (size_t)ATTN_CHUNK * hd), _MM_HINT_T0);
-        if (j + 2 * ATTN_CHUNK < n) _mm_prefetch((const char *)(vj + (size_t)2 * ATTN_CHUNK * hd), _MM_HINT_T1);
+        if (j + PF_V_NEAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_NEAR * hd), _MM_HINT_T0);
+        if (PF_V_FAR && j + PF_V_FAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_FAR * hd), _MM_HINT_T1);
         __m512 vv[VSET];
         _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) vv[v] = ld16h(vj + 16 * v);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
@@ -156,8 +169,8 @@ void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V,
     for (int h0 = 0; h0 < ng; h0 += HMAX) {
         const int nh = DT_MIN(HMAX, ng - h0);
         float *s = scratch, *O = out + (size_t)h0 * hd;
-        if (h0 == 0) /* the first two K groups (whole: positions interleave within one); scores_nh prefetches the rest */
-            for (size_t o = 0; o < (size_t)DT_MIN((n + KV_POS_GROUP - 1) / KV_POS_GROUP, 2) * KV_POS_GROUP * hd * sizeof(fp16_t);
+        if (h0 == 0) /* the first PF_K_NEAR K groups (whole: positions interleave within one); scores_nh prefetches the rest */
+            for (size_t o = 0; o < (size_t)DT_MIN((n + KV_POS_GROUP - 1) / KV_POS_GROUP, PF_K_NEAR) * KV_POS_GROUP * hd * sizeof(fp16_t);
                  o += 64)
                 _mm_prefetch((const char *)K + o, _MM_HINT_T0);
         scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
