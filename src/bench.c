@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "cpu/prefetch.h"
 #include "engine.h"
@@ -72,12 +73,21 @@ bench_probe *bench_probe_create(int n_threads, size_t bytes) {
     p->buf = buf;
     p->bytes = bytes;
     p->pool = pool_create(n_threads);
+    pool_set_spin(p->pool, 0.0); /* its workers must not spin on into what is measured next */
     p->form = cpu_stream_select(cpu_level_detect(), -1); /* as the backend picks it */
     return p;
 }
 
+/* Waits until the worker threads of the pool that ran last stop spinning (POOL_SPIN_S): on a
+ * machine with no spare core they would take CPU time from what is measured next. */
+static void quiesce(void) {
+    const struct timespec ts = {0, (long)((POOL_SPIN_S + 0.0005) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERNS]) {
     if (!p) return 0;
+    quiesce();
     double best = 0, bp[BENCH_PATTERNS] = {0};
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < BENCH_PATTERNS; i++) {
@@ -256,6 +266,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
         for (int kk = 0; kk < n_eng; kk++) {
             const int k = n_eng == 2 && (i & 1) ? 1 - kk : kk; /* ABBA: neither engine always goes first */
             engine *e = eng[k];
+            if (kk) quiesce(); /* the other engine's workers */
             uint64_t w0, k0, w1, k1;
             e->be->counters(e->be_state, &w0, &k0);
             engine_batch b = {1, &tok[k], &pos[k], &sl[k], &want};

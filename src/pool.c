@@ -1,5 +1,6 @@
 /* pool.c — persistent workers woken per job by a generation counter; they spin
- * (up to POOL_SPIN_NS) before sleeping on a condition variable. */
+ * (up to the pool's spin limit, POOL_SPIN_S unless pool_set_spin) before sleeping on a
+ * condition variable. */
 #include "pool.h"
 
 #include <pthread.h>
@@ -9,16 +10,11 @@
 
 #include "common.h"
 
-/* How long a thread spins on a flag before sleeping: longer than the gap
- * between two pool jobs of one step (so a decode step never pays a futex
- * wake-up, which costs tens of microseconds in a VM), short enough that an
- * idle server sleeps. */
-#define POOL_SPIN_NS 2000000.0
-
-/* Spins while *v == eq (eq_mode) or while *v != 0 (!eq_mode), for at most
- * POOL_SPIN_NS; returns the last value read. While idle is set, each turn of the
+/* Spins while *v == eq (eq_mode) or while *v != 0 (!eq_mode), for at most limit
+ * seconds; returns the last value read. While idle is set, each turn of the
  * spin runs one call of it instead of a pause, until it returns false. */
-static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq, pool_idle_fn idle, void *idle_ctx, int ith) {
+static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq, pool_idle_fn idle, void *idle_ctx, int ith,
+                        double limit) {
     double t0 = 0.0;
     for (unsigned i = 0;; i++) {
         unsigned x = atomic_load_explicit(v, memory_order_acquire);
@@ -31,7 +27,7 @@ static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq, pool_idle_fn 
             double t = time_now();
             if (t0 == 0.0)
                 t0 = t;
-            else if ((t - t0) * 1e9 > POOL_SPIN_NS)
+            else if (t - t0 > limit)
                 return x;
         }
         _mm_pause();
@@ -50,6 +46,7 @@ struct pool {
     void *ctx;
     pool_idle_fn idle; /* of the current job, NULL for none */
     void *idle_ctx;
+    _Atomic double spin; /* seconds a waiting thread spins before it sleeps */
 };
 
 typedef struct worker_arg {
@@ -66,7 +63,7 @@ static void *worker(void *arg) {
     pool_idle_fn idle = NULL;
     void *idle_ctx = NULL;
     for (;;) {
-        unsigned g = spin_on(&p->gen, true, seen, idle, idle_ctx, ith);
+        unsigned g = spin_on(&p->gen, true, seen, idle, idle_ctx, ith, atomic_load_explicit(&p->spin, memory_order_relaxed));
         if (g == seen) {
             pthread_mutex_lock(&p->mu);
             while ((g = atomic_load(&p->gen)) == seen && !p->quit) pthread_cond_wait(&p->cv_start, &p->mu);
@@ -88,6 +85,7 @@ pool *pool_create(int n_threads) {
     DT_ASSERT(n_threads >= 1);
     pool *p = xcalloc(1, sizeof *p);
     p->n = n_threads;
+    atomic_init(&p->spin, POOL_SPIN_S);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_start, NULL);
     pthread_cond_init(&p->cv_done, NULL);
@@ -118,6 +116,11 @@ void pool_free(pool *p) {
 
 int pool_size(const pool *p) { return p->n; }
 
+void pool_set_spin(pool *p, double seconds) {
+    DT_ASSERT(seconds >= 0.0);
+    atomic_store_explicit(&p->spin, seconds, memory_order_relaxed);
+}
+
 void pool_run(pool *p, pool_fn fn, void *ctx) { pool_run_idle(p, fn, ctx, NULL, NULL); }
 
 void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle_ctx) {
@@ -135,7 +138,7 @@ void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
-    if (spin_on(&p->pending, false, 0, idle, idle_ctx, 0) > 0) {
+    if (spin_on(&p->pending, false, 0, idle, idle_ctx, 0, atomic_load_explicit(&p->spin, memory_order_relaxed)) > 0) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->pending) > 0) pthread_cond_wait(&p->cv_done, &p->mu);
         pthread_mutex_unlock(&p->mu);

@@ -13,6 +13,14 @@ typedef void (*pool_fn)(void *ctx, int ith, int nth);
 pool *pool_create(int n_threads);
 void pool_free(pool *p);
 int pool_size(const pool *p);
+/* How long a waiting thread spins before it sleeps, by default: longer than the gap between two
+ * pool jobs of one step (so a decode step never pays a futex wake-up, which costs tens of
+ * microseconds in a VM), short enough that an idle server sleeps. A pool's workers go on
+ * spinning that long after its last job — on a machine with no spare core they take CPU time
+ * from whatever runs next (the bench waits this out before it measures something else). */
+#define POOL_SPIN_S 0.002
+/* Sets p's spin limit (seconds >= 0; 0: a waiting thread sleeps at once). */
+void pool_set_spin(pool *p, double seconds);
 void pool_run(pool *p, pool_fn fn, void *ctx);
 
 /* Work for a thread that waits: idle(idle_ctx, ith) is called again and again by thread ith
