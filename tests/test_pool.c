@@ -1,8 +1,10 @@
 /* test_pool.c — the thread pool (src/pool.c): every job runs once on every thread; the idle
  * work given with a job (pool_run_idle) is called by each thread with its own index while it
  * waits, stops for good once it returns false, and stops when the next job starts (a job run
- * with plain pool_run brings no idle work). */
+ * with plain pool_run brings no idle work); a pool whose spin limit is 0 (pool_set_spin) leaves
+ * the CPU at once after a job, one with the default spins on for up to POOL_SPIN_S. */
 #include <stdatomic.h>
+#include <time.h>
 
 #include "common.h"
 #include "pool.h"
@@ -45,6 +47,20 @@ static void sleep_s(double s) {
     const double t0 = time_now();
     while (time_now() - t0 < s) {
     }
+}
+
+/* CPU seconds the process spends over n rounds of (a no-op job on p, then a 4 ms sleep):
+ * what p's workers burn spinning after each job, as the main thread only sleeps. */
+static double cpu_after_jobs(pool *p, int n) {
+    struct timespec a, b;
+    job j = {0};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+    for (int i = 0; i < n; i++) {
+        pool_run(p, job_fn, &j);
+        sleep_s(0.004);
+    }
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
 }
 
 int main(void) {
@@ -98,5 +114,16 @@ int main(void) {
     CHECK(atomic_load(&none.calls[0]) == 0, "one thread called idle work %d times", atomic_load(&none.calls[0]));
     pool_free(one);
     pool_free(p);
+
+    /* the spin limit: NT - 1 workers spin up to POOL_SPIN_S after each of 100 jobs by default
+     * (up to 0.6 s of CPU here), and sleep at once with a limit of 0 */
+    pool *sp = pool_create(NT);
+    const double spun = cpu_after_jobs(sp, 100);
+    pool_set_spin(sp, 0.0);
+    const double rested = cpu_after_jobs(sp, 100);
+    pool_free(sp);
+    CHECK(spun > 0.25 * 100 * POOL_SPIN_S, "default spin: %.3f s of CPU after 100 jobs, want > %.3f", spun,
+          0.25 * 100 * POOL_SPIN_S);
+    CHECK(rested < 0.5 * spun, "spin limit 0: %.3f s of CPU after 100 jobs, against %.3f with the default", rested, spun);
     return test_summary();
 }
