@@ -270,12 +270,12 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             uint64_t w0, k0, w1, k1;
             e->be->counters(e->be_state, &w0, &k0);
             engine_batch b = {1, &tok[k], &pos[k], &sl[k], &want};
-            int ntp = trace ? e->be->profile(e->be_state, tp0[k], BENCH_STAGES) : 0;
+            if (trace) e->be->profile(e->be_state, tp0[k], BENCH_STAGES);
             double t0 = time_now();
             if (engine_forward(e, &b, err) < 0) goto fail;
             double dt = time_now() - t0;
             e->be->counters(e->be_state, &w1, &k1);
-            if (trace) ntp = DT_MAX(0, e->be->profile(e->be_state, tp1[k], BENCH_STAGES)), ntps = ntp;
+            if (trace) ntps = DT_MAX(0, e->be->profile(e->be_state, tp1[k], BENCH_STAGES));
             tok[k] = sampler_argmax(e->logits, V);
             pos[k]++;
             gbs[k] = (double)(w1 - w0 + k1 - k0) / dt / 1e9;
