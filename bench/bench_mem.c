@@ -5,10 +5,10 @@
  * transparent huge pages, passes of all configurations alternating (so drift hits all alike).
  * The bench's bandwidth probe (src/bench.c) is the G = 128, D = 1024 column's best row.
  * Each configuration runs twice: loads only, and with work beside the loads (per 32-byte load,
- * WORK rounds of vpmaddubsw + vpaddw into independent accumulators; about what the one-token
- * Q4_K kernel issues per weight byte, whose vpdpbusd, ANDs and scale work come to ~5.5 vector
- * ops per 64-byte line at twice the width): whether a stream that computes reads what plain
- * loads read, in each pattern.
+ * WORK rounds of vpmaddubsw + vpaddw into independent accumulators: 4 * WORK vector ops per
+ * 64-byte line; the one-token Q4_K kernel's vpdpbusd, ANDs and scale work come to ~5.5 per line,
+ * between WORK 1 and 2): whether a stream that computes reads what plain loads read, in each
+ * pattern.
  *
  *   cc -std=c11 -D_GNU_SOURCE -O2 -mavx2 -o /tmp/bench_mem bench/bench_mem.c -pthread
  *   /tmp/bench_mem [THREADS=2] [REPS=3] [SIZE_GIB=1] [WORK=1]

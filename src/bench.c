@@ -224,13 +224,15 @@ static double median(double *v, int n) {
 /* Paired solo steps: one stream decodes n steps on each engine of eng[0..n_eng) (the solo path,
  * then the unify path where given). With two engines each step's pair runs back to back, in
  * alternating order (AB, BA, AB, ...: neither engine always follows the probe's cache sweep),
- * and one pass of the probe's patterns follows the pair: each step's read rate over the best
- * pattern's, so both engines' steps see the same moment of a machine whose bandwidth drifts
- * within seconds. (Before, each step had its own probe pass, ~0.2 s apart: A/A pairs of one
- * engine form against itself read 0.98, 1.01, 0.98 and 1.22 there, and 0.99, 0.99, 0.99 back to
- * back — bench/cpu-speed.md, nineteenth session.) Per engine: median and quartiles of the
- * ratios (in %) into q, the median ratio to each pattern alone into by_pattern, the median
- * step's tok/s into tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's).
+ * the second once the first one's workers stopped spinning (quiesce), and one pass of the
+ * probe's patterns follows the pair: each step's read rate over the best pattern's, so both
+ * engines' steps see the same moment of a machine whose bandwidth drifts within seconds.
+ * (Before, each step had its own probe pass, ~0.2 s apart: A/A pairs of one engine form against
+ * itself read 0.98, 1.01, 0.98 and 1.22 there, and 0.99, 0.99, 0.99 back to back —
+ * bench/cpu-speed.md, nineteenth session.) Per engine: median and quartiles of the ratios (in %)
+ * into q, the median ratio to each pattern alone into by_pattern, the median step's tok/s into
+ * tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's), which with one
+ * probe per pair is the ratio of the two steps' read rates.
  * Both engines decode the same tokens; *same = whether every step's logits were bitwise equal
  * between them. With trace, each step is also printed as a table row: the probe's GB/s after
  * its pair, its ms, and (engines made with profile) each stage's ms in it. */
@@ -516,10 +518,10 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
     for (int f = 0; f < CPU_STREAM_COUNT; f++)
         printf("| %s | %s | %.2f | %.0f%% (%.0f–%.0f%%) |\n", cpu_stream_name(f), ef[f]->be->describe(ef[f]->be_state),
                po.tps[f], po.q[f][1], po.q[f][0], po.q[f][2]);
-    printf("\n%s / %s, median of the per-step tok/s ratios: %.3f (quartiles %.3f–%.3f), per probe %.3f; logits"
-           " bitwise equal at every step: %s\n",
+    printf("\n%s / %s, median of the per-step tok/s ratios: %.3f (quartiles %.3f–%.3f); logits bitwise equal at every"
+           " step: %s\n",
            cpu_stream_name(CPU_STREAM_TWO_L1), cpu_stream_name(CPU_STREAM_NEAR_FAR), po.rate_q[1], po.rate_q[0],
-           po.rate_q[2], po.ratio_med, po.same ? "yes" : "NO");
+           po.rate_q[2], po.same ? "yes" : "NO");
     rc = 0;
 done:
     for (int f = 0; f < CPU_STREAM_COUNT; f++) engine_free(ef[f]);
