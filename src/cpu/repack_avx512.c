@@ -43,6 +43,7 @@
 #define AI static inline __attribute__((always_inline))
 #define TCH 8   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
+#define PB_DWORDS 8192 /* stack room for the Q4_K pair sums of a chunk's tokens (32 KiB) */
 
 #define GEMM_ARGS                                                                          \
     const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,             \
@@ -145,19 +146,21 @@ AI __m512i dpw_bcast(__m512i acc, __m512i W, const int16_t *p) {
     return acc;
 #endif
 }
-/* byte n of each dword, twice, as two zero-extended int16: lane r = (b, b) */
-AI __m512i byte_to_word_pair(__m512i v, int n) {
-    const int o = 0x00010001 * n;
-    const __m512i idx = _mm512_set4_epi32((int)0x800c800c + o, (int)0x80088008 + o, (int)0x80048004 + o, (int)0x80008000 + o);
-    return _mm512_shuffle_epi8(v, idx);
-}
-/* The same M from mm[j] lane r = int16 (m_j, m_j) of row r (byte_to_word_pair of mlo / mhi):
- * pair j of the token's bsums, (bsum_2j, bsum_2j+1), straight from memory into vpdpwssd —
- * no per-token preparation, for the kernels that run several tokens against one block. */
-AI __m512i q4k_min_sum_pairs(const __m512i mm[8], const block_q8k *y) {
+/* The min term's M of one token from its pair sums, 16 rows at once: mp[p] lane r = int16
+ * (m_2p, m_2p+1) of row r (bytes_to_words of mlo / mhi), pb = the token's four dwords
+ * (bsum_4p + bsum_4p+1, bsum_4p+2 + bsum_4p+3) made once per call (q4k_pair_sums): four
+ * vpdpwssd straight from memory, for the kernels that run several tokens against one block. */
+AI __m512i q4k_min_sum_pb(const __m512i mp[4], const int32_t *pb) {
     __m512i M = _mm512_setzero_si512();
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) M = dpw_bcast(M, mm[j], y->bsums + 2 * j);
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) M = dpw_bcast(M, mp[p], (const int16_t *)(const void *)(pb + p));
     return M;
+}
+
+/* The pair sums (bsum_2j + bsum_2j+1, j = 0..7, as int16; |.| <= 32*127) of one activation
+ * block into pb[0..3], dword p = pairs (2p, 2p+1) — what q4k_min_sum makes in registers. */
+AI void q4k_pair_sums(const block_q8k *y, int32_t *pb) {
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y->bsums);
+    _mm_storeu_si128((__m128i *)(void *)pb, _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1))));
 }
 
 /* The min term's M = sum_j m_j * (bsum_2j + bsum_2j+1) of one token, 16 rows at once: mp[p]
@@ -177,7 +180,8 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
  * loaded once and feeds both, as Q & 0x0f (sub-block 2p) and Q & 0xf0 = 16 q (2p+1, whose
  * sum is shifted back exactly). Integer sums are order-free, so I is the reference's.
  * `spread` as in q4k_one. */
-AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, float *acc, const bool spread) {
+AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb, float *acc,
+                   const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
     if (spread) pf_lines(B, 32, 4, CPU_STREAM_NEAR_FAR);
@@ -204,13 +208,12 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, flo
         }
     }
     const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    __m512i mm[8];
-    _Pragma("GCC unroll 4") for (int n = 0; n < 4; n++) mm[n] = byte_to_word_pair(mlo, n),
-                                                         mm[4 + n] = byte_to_word_pair(mhi, n);
+    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
+                           bytes_to_words(mhi, 1)};
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        const __m512i M = q4k_min_sum_pairs(mm, y[t]);
+        const __m512i M = q4k_min_sum_pb(mp, pb + 4 * t);
         __m512 a = _mm512_load_ps(acc + 16 * t);
         a = chain(a, d, y[t]->d, I[t]);
         a = chain_neg(a, dmin, y[t]->d, M);
@@ -370,15 +373,18 @@ AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512
 /* ---- the gemm ------------------------------------------------------------------------------ */
 
 /* One noinline kernel per (type, token count): T tokens x one block. */
-typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc, bool spread);
+/* pb: the tokens' pair sums for B (q4k_pair_sums, four dwords a token; Q4_K only). */
+typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, const int32_t *pb, float *acc,
+                       bool spread);
 #define DEF_T(T)                                                                                              \
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                   float *acc, bool spread) {                                 \
+                                                   const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q4k_tokens(T, B, y, acc, spread);                                                                     \
+        q4k_tokens(T, B, y, pb, acc, spread);                                                                 \
     }                                                                                                         \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                   float *acc, bool spread) {                                 \
+                                                   const int32_t *pb, float *acc, bool spread) {              \
+        (void)pb;                                                                                             \
         q6k_tokens(T, B, D, y, acc, spread);                                                                  \
     }
 DEF_T(1)
@@ -526,8 +532,19 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
         gemm_one(is6, form, w, group_bytes, g0, g1, r1, nb, (const block_q8k *)act, out, nx);
         return;
     }
-    for (int ts = 0; ts < n_tok; ts += TSUP) {
-        const int nt = DT_MIN(TSUP, n_tok - ts);
+    /* Q4_K: the pair sums of a chunk's tokens, [block][token][4], once per chunk (not per group);
+     * chunks of fewer than TSUP tokens where the blocks are so many that they would not fit */
+    int32_t pbuf[PB_DWORDS] __attribute__((aligned(64)));
+    int32_t *pb = is6 ? NULL : pbuf;
+    DT_ASSERT(4 * nb <= PB_DWORDS);
+    const int tsup = is6 ? TSUP : DT_MIN(TSUP, PB_DWORDS / (4 * nb));
+    for (int ts = 0; ts < n_tok; ts += tsup) {
+        const int nt = DT_MIN(tsup, n_tok - ts);
+        if (pb)
+            for (int b = 0; b < nb; b++)
+                for (int t = 0; t < nt; t++)
+                    q4k_pair_sums((const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + t) * act_bytes) + b,
+                                  pb + 4 * ((size_t)b * nt + t));
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             for (int t = 0; t < nt; t++) _mm512_store_ps(acc + 16 * t, _mm512_setzero_ps());
@@ -543,7 +560,8 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
                     for (int t = 0; t < n; t++)
                         y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
                                                                  (size_t)(ts + tc + t) * act_bytes) + b;
-                    tok_table[is6][n](B, G + 32 * b, y, acc + 16 * tc, spread && tc == 0);
+                    tok_table[is6][n](B, G + 32 * b, y, pb ? pb + 4 * ((size_t)b * nt + tc) : NULL, acc + 16 * tc,
+                                      spread && tc == 0);
                 }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
