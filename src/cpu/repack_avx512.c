@@ -186,14 +186,16 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, con
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
     if (spread) pf_lines(B, 32, 4, CPU_STREAM_NEAR_FAR);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
-    const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
+    /* one mask, held in a register (hi = Q & ~m0f): with two constants GCC re-made both from
+     * immediates beside every weight vector (2 mov + 2 vpbroadcastd each, 128 ops a block) */
+    const __m512i m0f = in_reg(_mm512_set1_epi8(0x0f));
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         __m512i se[TCH], so[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, CPU_STREAM_NEAR_FAR);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
-            const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
+            const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_andnot_si512(m0f, Q);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 se[t] = dp_bcast(se[t], lo, y[t]->q + 64 * p + 4 * i);
                 so[t] = dp_bcast(so[t], hi, y[t]->q + 64 * p + 32 + 4 * i);
