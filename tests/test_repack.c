@@ -223,6 +223,8 @@ static void test_gemm(uint32_t type) {
     /* rows long enough that the kernels take fewer than 64 tokens per pass (nb = 64, 96) */
     gemm_case(type, 20, 0, 20, 40, 16384, 1, 1);
     gemm_case(type, 33, 16, 33, 70, 24576, 0, 1);
+    /* rows too long for the Q4_K kernels' stack of pair sums (nb = 2049: made per block instead) */
+    gemm_case(type, 20, 0, 20, 3, 2049 * QK_K, 1, 0);
     /* random everything */
     for (int rep = 0; rep < 100; rep++) {
         const int R = 1 + test_rndi(70);

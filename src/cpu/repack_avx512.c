@@ -535,11 +535,12 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
         return;
     }
     /* Q4_K: the pair sums of a chunk's tokens, [block][token][4], once per chunk (not per group);
-     * chunks of fewer than TSUP tokens where the blocks are so many that they would not fit */
-    int32_t pbuf[PB_DWORDS] __attribute__((aligned(64)));
-    int32_t *pb = is6 ? NULL : pbuf;
-    DT_ASSERT(4 * nb <= PB_DWORDS);
-    const int tsup = is6 ? TSUP : DT_MIN(TSUP, PB_DWORDS / (4 * nb));
+     * chunks of fewer than TSUP tokens where the blocks are so many that they would not fit, and
+     * for rows too long for even one token's (k > 2^19) each block's made where it is used */
+    int32_t pbuf[PB_DWORDS] __attribute__((aligned(64))), pone[4 * TCH] __attribute__((aligned(64)));
+    const bool pre = !is6 && 4 * nb <= PB_DWORDS;
+    int32_t *pb = pre ? pbuf : NULL;
+    const int tsup = pre ? DT_MIN(TSUP, PB_DWORDS / (4 * nb)) : TSUP;
     for (int ts = 0; ts < n_tok; ts += tsup) {
         const int nt = DT_MIN(tsup, n_tok - ts);
         if (pb)
@@ -562,8 +563,10 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
                     for (int t = 0; t < n; t++)
                         y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
                                                                  (size_t)(ts + tc + t) * act_bytes) + b;
-                    tok_table[is6][n](B, G + 32 * b, y, pb ? pb + 4 * ((size_t)b * nt + tc) : NULL, acc + 16 * tc,
-                                      spread && tc == 0);
+                    const int32_t *pt = pb ? pb + 4 * ((size_t)b * nt + tc) : pone;
+                    if (!is6 && !pre)
+                        for (int t = 0; t < n; t++) q4k_pair_sums(y[t], pone + 4 * t);
+                    tok_table[is6][n](B, G + 32 * b, y, pt, acc + 16 * tc, spread && tc == 0);
                 }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
