@@ -534,9 +534,10 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
         gemm_one(is6, form, w, group_bytes, g0, g1, r1, nb, (const block_q8k *)act, out, nx);
         return;
     }
-    /* Q4_K: the pair sums of a chunk's tokens, [block][token][4], once per chunk (not per group);
-     * chunks of fewer than TSUP tokens where the blocks are so many that they would not fit, and
-     * for rows too long for even one token's (k > 2^19) each block's made where it is used */
+    /* Q4_K: every token's pair sums for every block, [block][token][4], made once per chunk of
+     * tokens rather than once per group. Where nb is large a chunk has fewer than TSUP tokens, so
+     * that they fit in pbuf; where not even one token's fit (k > 2^19), each block's are made as it
+     * is used (pone). */
     int32_t pbuf[PB_DWORDS] __attribute__((aligned(64))), pone[4 * TCH] __attribute__((aligned(64)));
     const bool pre = !is6 && 4 * nb <= PB_DWORDS;
     int32_t *pb = pre ? pbuf : NULL;
