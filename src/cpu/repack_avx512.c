@@ -157,18 +157,18 @@ AI __m512i q4k_min_sum_pb(const __m512i mp[4], const int32_t *pb) {
 }
 
 /* The pair sums (bsum_2j + bsum_2j+1, j = 0..7, as int16; |.| <= 32*127) of one activation
- * block into pb[0..3], dword p = pairs (2p, 2p+1) — what q4k_min_sum makes in registers. */
-AI void q4k_pair_sums(const block_q8k *y, int32_t *pb) {
+ * block: dword p = pairs (2p, 2p+1). */
+AI __m128i q4k_pair_sums_v(const block_q8k *y) {
     const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y->bsums);
-    _mm_storeu_si128((__m128i *)(void *)pb, _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1))));
+    return _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
 }
+/* The same into pb[0..3], for the multi-token kernels (q4k_min_sum_pb). */
+AI void q4k_pair_sums(const block_q8k *y, int32_t *pb) { _mm_storeu_si128((__m128i *)(void *)pb, q4k_pair_sums_v(y)); }
 
 /* The min term's M = sum_j m_j * (bsum_2j + bsum_2j+1) of one token, 16 rows at once: mp[p]
  * lane r = int16 (m_2p, m_2p+1) of row r (bytes_to_words of mlo / mhi). */
 AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
-    /* (bsum_2j + bsum_2j+1) for j = 0..7 as int16; dword p = pairs (2p, 2p+1) */
-    const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)y->bsums);
-    const __m128i bp = _mm256_cvtepi32_epi16(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)));
+    const __m128i bp = q4k_pair_sums_v(y);
     __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp[0], _mm512_broadcastd_epi32(bp));
     M = _mm512_dpwssd_epi32(M, mp[1], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 1)));
     M = _mm512_dpwssd_epi32(M, mp[2], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 2)));
@@ -564,7 +564,7 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
                     for (int t = 0; t < n; t++)
                         y[t] = (const block_q8k *)(const void *)((const uint8_t *)act +
                                                                  (size_t)(ts + tc + t) * act_bytes) + b;
-                    const int32_t *pt = pb ? pb + 4 * ((size_t)b * nt + tc) : pone;
+                    const int32_t *pt = is6 ? NULL : pb ? pb + 4 * ((size_t)b * nt + tc) : pone;
                     if (!is6 && !pre)
                         for (int t = 0; t < n; t++) q4k_pair_sums(y[t], pone + 4 * t);
                     tok_table[is6][n](B, G + 32 * b, y, pt, acc + 16 * tc, spread && tc == 0);
