@@ -9,6 +9,7 @@
 #   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k] [THREADS=1] [NMAT=1]
 #   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2       # one token, from memory, two threads
 #   bench/ab_kernel.sh HEAD~1 HEAD 1536 1 q4_k 2 300     # 300 expert-sized matrices in turn
+#   AB_K=768 bench/ab_kernel.sh WORK WORK 2048 1 q4_k 2 300  # 300 down-projection-shaped ones (k 768)
 #   bench/ab_kernel.sh --attn REV_A REV_B [HEADS_PER_KV=8] [HEAD_DIM=128] [N=2000]
 #   bench/ab_kernel.sh --attn-cold REV_A REV_B CTX [ROUNDS=30]      # e.g. CTX 2048
 #
@@ -19,7 +20,7 @@
 # e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B.
 # Both sides compile against the working tree's headers and link its build/libditto.a (rebuilt here if
 # stale; the reference and the repack come from it), so a revision from before a layout change shows
-# as NOT BITWISE EQUAL. K is 2048.
+# as NOT BITWISE EQUAL. K is 2048 unless AB_K sets it (a multiple of 256).
 set -eu
 ATTN=0
 if [ "${1:-}" = --attn ]; then ATTN=1; shift; fi
@@ -74,5 +75,5 @@ ROWS=${1:-32} NTOK=${2:-1,2,4,6,8} TYPES=${3:-q4_k,q6_k} THREADS=${4:-1} NMAT=${
 # shellcheck disable=SC2086
 $CC $FLAGS -o "$T/ab_kernel" bench/ab_kernel.c "$T/A.o" "$T/B.o" build/libditto.a -lm -pthread
 for ty in $(echo "$TYPES" | tr , ' '); do
-    for nt in $(echo "$NTOK" | tr , ' '); do "$T/ab_kernel" "$ROWS" "$nt" "$ty" "$THREADS" 2048 "$NMAT"; done
+    for nt in $(echo "$NTOK" | tr , ' '); do "$T/ab_kernel" "$ROWS" "$nt" "$ty" "$THREADS" "${AB_K:-2048}" "$NMAT"; done
 done
