@@ -639,6 +639,25 @@ static void ahead_after_down(cpu_state *st, const step_ctx *c) {
     ahead_finish(st);
 }
 
+/* Runs the queued gate/up jobs, then SwiGLU over their n_out output rows, quantized for w_down. */
+static void ffn_gate_up_swiglu(cpu_state *st, step_ctx *c, const model_weight *w_down, int n_out) {
+    jobs_run(st);
+    prof_mark(st, CS_GATE_UP);
+    c->w0 = w_down;
+    c->w1 = c->w2 = NULL;
+    c->n_out = n_out;
+    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * st->ffn);
+    prof_mark(st, CS_SWIGLU);
+}
+
+/* Runs the queued down jobs, with what follows them planned (warm list, next stage's requests). */
+static void ffn_down_run(cpu_state *st, step_ctx *c) {
+    warm_after_down(st, c);
+    ahead_after_down(st, c);
+    jobs_run(st);
+    prof_mark(st, CS_DOWN);
+}
+
 static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     const model_hparams *hp = &st->m->hp;
     const model_layer *L = &st->m->layers[c->layer];
@@ -658,23 +677,14 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     for (int e = 0; e < hp->n_expert; e++)
         if (st->exp_cnt[e]) ahead_add(st, &L->down_exps, e, st->exp_cnt[e]);
     ahead_finish(st);
-    jobs_run(st);
-    prof_mark(st, CS_GATE_UP);
-    c->w0 = &L->down_exps;
-    c->w1 = c->w2 = NULL;
-    c->n_out = P;
-    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
-    prof_mark(st, CS_SWIGLU);
+    ffn_gate_up_swiglu(st, c, &L->down_exps, P);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int e = 0; e < hp->n_expert; e++) {
         if (!st->exp_cnt[e]) continue;
         size_t o = (size_t)st->exp_off[e];
         job_add(st, &L->down_exps, e, hq + o * ab, ab, st->exp_cnt[e], st->y + o * E, (size_t)E);
     }
-    warm_after_down(st, c);
-    ahead_after_down(st, c);
-    jobs_run(st);
-    prof_mark(st, CS_DOWN);
+    ffn_down_run(st, c);
 }
 
 /* One row: each selected expert reads the row's activations in place (matrix-vector). */
@@ -692,20 +702,11 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     ahead_start(st);
     for (int i = 0; i < K; i++) ahead_add(st, &L->down_exps, st->sel[i], 1);
     ahead_finish(st);
-    jobs_run(st);
-    prof_mark(st, CS_GATE_UP);
-    c->w0 = &L->down_exps;
-    c->w1 = c->w2 = NULL;
-    c->n_out = K;
-    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
-    prof_mark(st, CS_SWIGLU);
+    ffn_gate_up_swiglu(st, c, &L->down_exps, K);
     const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
     for (int i = 0; i < K; i++)
         job_add(st, &L->down_exps, st->sel[i], hq + (size_t)i * ab, ab, 1, st->y + (size_t)i * E, (size_t)E);
-    warm_after_down(st, c);
-    ahead_after_down(st, c);
-    jobs_run(st);
-    prof_mark(st, CS_DOWN);
+    ffn_down_run(st, c);
 }
 
 static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
@@ -719,19 +720,10 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     ahead_start(st);
     ahead_add(st, &L->ffn_down, 0, n);
     ahead_finish(st);
-    jobs_run(st);
-    prof_mark(st, CS_GATE_UP);
-    c->w0 = &L->ffn_down;
-    c->w1 = c->w2 = NULL;
-    c->n_out = n;
-    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * F);
-    prof_mark(st, CS_SWIGLU);
+    ffn_gate_up_swiglu(st, c, &L->ffn_down, n);
     act = act_for(&st->a_ff, &L->ffn_down, &ab);
     job_add(st, &L->ffn_down, 0, act, ab, n, st->y, (size_t)E);
-    warm_after_down(st, c);
-    ahead_after_down(st, c);
-    jobs_run(st);
-    prof_mark(st, CS_DOWN);
+    ffn_down_run(st, c);
 }
 
 /* Attention work of a batch: positions x query-head elements. */
