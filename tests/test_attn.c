@@ -1,5 +1,6 @@
-/* test_attn.c — every attention flavour is bitwise equal to attn_head_generic, over
- * one and many chunks, head dims 64/128, ordinary and extreme scores. */
+/* test_attn.c — every attention flavour (AVX2, AVX-512, as the CPU has them) is bitwise equal
+ * to attn_head_generic, over one and many chunks, head dims 64/72/128, ordinary and extreme
+ * scores; and the elementwise flavours (SwiGLU, RMSNorm, scan maximum) to their scalar forms. */
 #include <math.h>
 #include <string.h>
 
@@ -17,18 +18,30 @@ static float frand(void) {
     return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-int main(void) {
-    if (cpu_level_detect() < CPU_AVX512) {
-        printf("no AVX-512 on this CPU: only the generic flavour exists\n");
-        CHECK(attn_select(cpu_level_detect(), 128) == attn_group_generic, "generic selected");
-        return test_summary();
-    }
+/* One SIMD level's flavours, checked against the scalar forms. */
+typedef struct {
+    enum cpu_level level;
+    const char *name;
+    int hd_mult; /* head dims the attention flavour takes */
+    attn_fn attn;
+    vec_swiglu_fn swiglu;
+    vec_rmsnorm_fn rmsnorm;
+    float (*scan_max)(const float *s, int n);
+} flavour;
+
+static const flavour flavours[] = {
+    {CPU_AVX2, "avx2", 8, attn_group_avx2, vec_swiglu_avx2, vec_rmsnorm_avx2, vec_scan_max_avx2},
+    {CPU_AVX512, "avx512", 16, attn_group_avx512, vec_swiglu_avx512, vec_rmsnorm_avx512, vec_scan_max_avx512},
+};
+
+static void check_flavour(const flavour *f) {
     /* groups of 1..9 query heads (9: more than one scores pass) sharing a KV head */
-    const int ctx = 320, hds[] = {64, 128}, groups[] = {1, 2, 3, 4, 5, 8, 9};
+    const int ctx = 320, hds[] = {64, 72, 128}, groups[] = {1, 2, 3, 4, 5, 8, 9};
     const int NG = 9;
     int checked = 0;
-    for (int hi = 0; hi < 2; hi++) {
+    for (int hi = 0; hi < 3; hi++) {
         int hd = hds[hi];
+        if (hd % f->hd_mult) continue;
         fp16_t *K = xaligned(sizeof(fp16_t) * (size_t)ctx * hd), *V = xaligned(sizeof(fp16_t) * (size_t)ctx * hd);
         float *q = xaligned(sizeof(float) * (size_t)NG * hd), *a = xaligned(sizeof(float) * (size_t)NG * hd),
               *b = xaligned(sizeof(float) * (size_t)NG * hd);
@@ -49,9 +62,9 @@ int main(void) {
                     for (int g = 0; g < ng; g++)
                         attn_head_generic(q + g * hd, K, V, pos, hd, scale, a + g * hd, s1);
                     memset(b, 0xff, sizeof(float) * (size_t)NG * hd);
-                    attn_group_avx512(q, ng, K, V, pos, hd, scale, b, s2);
+                    f->attn(q, ng, K, V, pos, hd, scale, b, s2);
                     CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0,
-                          "hd %d mode %d group %d pos %d: avx512 != generic", hd, mode, ng, pos);
+                          "hd %d mode %d group %d pos %d: %s != generic", hd, mode, ng, pos, f->name);
                     if (ng < NG) {
                         uint32_t guard;
                         memcpy(&guard, b + (size_t)ng * hd, 4);
@@ -79,8 +92,8 @@ int main(void) {
         g[3] = 0.0f, g[4] = -0.0f, g[7] = INFINITY, g[8] = -INFINITY, g[9] = NAN, g[10] = 88.5f, g[11] = -87.4f;
         for (int len = 1; len <= n; len += 37) {
             vec_swiglu_generic(g, u, h1, len);
-            vec_swiglu_avx512(g, u, h2, len);
-            CHECK(memcmp(h1, h2, sizeof(float) * (size_t)len) == 0, "swiglu length %d: avx512 != generic", len);
+            f->swiglu(g, u, h2, len);
+            CHECK(memcmp(h1, h2, sizeof(float) * (size_t)len) == 0, "swiglu length %d: %s != generic", len, f->name);
         }
         free(g), free(u), free(h1), free(h2);
     }
@@ -114,12 +127,12 @@ int main(void) {
             for (int i = 0; i < n; i++) x[i] = frand() * amp, w[i] = frand() * 2.0f;
             for (int len = 1; len <= n; len += (len < 70 ? 1 : 23)) {
                 vec_rmsnorm_generic(y1, x, w, len, 1e-6f);
-                vec_rmsnorm_avx512(y2, x, w, len, 1e-6f);
-                CHECK(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "rmsnorm mode %d length %d: avx512 != generic",
-                      mode, len);
+                f->rmsnorm(y2, x, w, len, 1e-6f);
+                CHECK(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "rmsnorm mode %d length %d: %s != generic",
+                      mode, len, f->name);
                 memcpy(y2, x, sizeof(float) * (size_t)len);
-                vec_rmsnorm_avx512(y2, y2, w, len, 1e-6f);
-                CHECK(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "rmsnorm in place, length %d", len);
+                f->rmsnorm(y2, y2, w, len, 1e-6f);
+                CHECK(memcmp(y1, y2, sizeof(float) * (size_t)len) == 0, "%s rmsnorm in place, length %d", f->name, len);
             }
         }
         free(x), free(w), free(y1), free(y2);
@@ -137,16 +150,35 @@ int main(void) {
                      : c == 3 ? (r < -0.8f ? NAN : r < -0.6f ? -INFINITY : r) : (r < 0 ? -0.0f : 0.0f);
             }
             if (rep % 7 == 0) v[(rep / 7) % n] = NAN;
-            float a1 = mathx_scan_max(v, n), a2 = vec_scan_max_avx512(v, n);
+            float a1 = mathx_scan_max(v, n), a2 = f->scan_max(v, n);
             if (memcmp(&a1, &a2, 4) && bad++ < 5) fprintf(stderr, "scan max n %d rep %d: %g vs %g\n", n, rep, a1, a2);
         }
-        CHECK(bad == 0, "%d scan maxima differ from mathx_scan_max", bad);
+        CHECK(bad == 0, "%s: %d scan maxima differ from mathx_scan_max", f->name, bad);
         v[0] = -0.0f, v[1] = 0.0f, v[2] = -1.0f;
-        float z = vec_scan_max_avx512(v, 3);
-        CHECK(z == 0.0f && signbit(z), "a zero maximum keeps the first zero's sign");
+        float z = f->scan_max(v, 3);
+        CHECK(z == 0.0f && signbit(z), "%s: a zero maximum keeps the first zero's sign", f->name);
         v[0] = NAN, v[1] = NAN;
-        CHECK(vec_scan_max_avx512(v, 2) == -INFINITY, "all NaN: -inf, as the scan");
+        CHECK(f->scan_max(v, 2) == -INFINITY, "%s: all NaN: -inf, as the scan", f->name);
     }
+    printf("attention: %d (head dim, mode, group, position) cases, %s group bitwise equal to generic per head\n", checked,
+           f->name);
+}
+
+int main(void) {
+    const enum cpu_level hw = cpu_level_hw();
+    int levels = 0;
+    for (size_t i = 0; i < sizeof flavours / sizeof *flavours; i++)
+        if (flavours[i].level <= hw) check_flavour(&flavours[i]), levels++;
+    if (!levels) printf("no AVX2 on this CPU: only the generic flavours exist\n");
+    /* each level selects its own flavours (or the next lower level's for a head dim it lacks) */
+    for (int lv = CPU_GENERIC; lv <= CPU_AVX512; lv++) {
+        const flavour *f = lv == CPU_GENERIC ? NULL : &flavours[lv - CPU_AVX2];
+        CHECK(attn_select(lv, 128) == (f ? f->attn : attn_group_generic), "level %d: attention flavour", lv);
+        CHECK(vec_swiglu_select(lv) == (f ? f->swiglu : vec_swiglu_generic), "level %d: swiglu flavour", lv);
+        CHECK(vec_rmsnorm_select(lv) == (f ? f->rmsnorm : vec_rmsnorm_generic), "level %d: rmsnorm flavour", lv);
+    }
+    CHECK(attn_select(CPU_AVX512, 72) == attn_group_avx2 && attn_select(CPU_AVX2, 36) == attn_group_generic,
+          "head dims a flavour lacks fall back");
     /* top-k routing: the one-pass form equals the definition, with many ties, signed
      * zeros and k up to n */
     {
@@ -169,6 +201,5 @@ int main(void) {
     }
     /* exp16 agrees with mathx_exp through the attention path: also check the scalar exp at edges */
     CHECK(mathx_exp(0.0f) == 1.0f && mathx_exp(-100.0f) == 0.0f && isinf(mathx_exp(100.0f)), "exp edges");
-    printf("attention: %d (head dim, mode, group, position) cases, avx512 group bitwise equal to generic per head\n", checked);
     return test_summary();
 }

@@ -47,6 +47,7 @@ void attn_group_generic(const float *q, int ng, const fp16_t *K, const fp16_t *V
 
 attn_fn attn_select(int cpu_level, int hd) {
     if (cpu_level >= CPU_AVX512 && hd % 16 == 0) return attn_group_avx512;
+    if (cpu_level >= CPU_AVX2 && hd % 8 == 0) return attn_group_avx2;
     return attn_group_generic;
 }
 
@@ -59,9 +60,9 @@ void vec_rmsnorm_generic(float *y, const float *x, const float *w, int n, float 
 }
 
 vec_rmsnorm_fn vec_rmsnorm_select(int cpu_level) {
-    return cpu_level >= CPU_AVX512 ? vec_rmsnorm_avx512 : vec_rmsnorm_generic;
+    return cpu_level >= CPU_AVX512 ? vec_rmsnorm_avx512 : cpu_level >= CPU_AVX2 ? vec_rmsnorm_avx2 : vec_rmsnorm_generic;
 }
 
 vec_swiglu_fn vec_swiglu_select(int cpu_level) {
-    return cpu_level >= CPU_AVX512 ? vec_swiglu_avx512 : vec_swiglu_generic;
+    return cpu_level >= CPU_AVX512 ? vec_swiglu_avx512 : cpu_level >= CPU_AVX2 ? vec_swiglu_avx2 : vec_swiglu_generic;
 }

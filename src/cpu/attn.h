@@ -21,6 +21,8 @@ typedef void (*attn_fn)(const float *q, int ng, const fp16_t *K, const fp16_t *V
                         float *out, float *scratch);
 void attn_group_generic(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
                         float *out, float *scratch);
+void attn_group_avx2(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
+                     float *out, float *scratch);
 void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
                        float *out, float *scratch);
 static inline size_t attn_scratch_floats(int ng, int pos, int hd) {

@@ -66,6 +66,7 @@ typedef void (*vec_swiglu_fn)(const float *g, const float *u, float *h, int n);
 
 /* h[i] = mathx_silu(g[i]) * u[i] */
 void vec_swiglu_generic(const float *g, const float *u, float *h, int n);
+void vec_swiglu_avx2(const float *g, const float *u, float *h, int n);
 void vec_swiglu_avx512(const float *g, const float *u, float *h, int n);
 vec_swiglu_fn vec_swiglu_select(int cpu_level);
 
@@ -73,10 +74,12 @@ typedef void (*vec_rmsnorm_fn)(float *y, const float *x, const float *w, int n, 
 
 /* mathx_rmsnorm (32-lane sum of squares, r = 1/sqrt(ss/n + eps), y = (x*r)*w); y may alias x */
 void vec_rmsnorm_generic(float *y, const float *x, const float *w, int n, float eps);
+void vec_rmsnorm_avx2(float *y, const float *x, const float *w, int n, float eps);
 void vec_rmsnorm_avx512(float *y, const float *x, const float *w, int n, float eps);
 vec_rmsnorm_fn vec_rmsnorm_select(int cpu_level);
 
-/* mathx_scan_max on 16 lanes (the attention kernel's inline form, exported for its test) */
+/* mathx_scan_max on 8 / 16 lanes (the attention kernels' inline forms, exported for their test) */
+float vec_scan_max_avx2(const float *s, int n);
 float vec_scan_max_avx512(const float *s, int n);
 
 #endif
