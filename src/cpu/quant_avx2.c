@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cpu/cpu_quant.h"
+#include "cpu/prefetch.h"
 
 #define AI static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -355,17 +356,25 @@ AI float butterfly32(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_cvtss_f32(s1);
 }
 
+/* One row against NT tokens: per token the 32-lane fma chains over e ascending, then the
+ * butterfly. With pf, each 64 bytes of the row has the lines 1 KiB ahead (L1) and 8 KiB ahead
+ * (L2) requested (cpu/prefetch.h's two-request form): the rows are one sequential stream. */
 AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *const *x, int k,
-               float *const *o) {
+               float *const *o, const bool pf) {
     __m256 A[2][4];
     UNROLL for (int t = 0; t < NT; t++)
-        for (int j = 0; j < 4; j++) A[t][j] = _mm256_setzero_ps();
+        UNROLL for (int j = 0; j < 4; j++) A[t][j] = _mm256_setzero_ps();
+    const int esz = type == QT_F32 ? 4 : 2;
     int e = 0;
     for (; e + 32 <= k; e += 32) {
+        if (pf) {
+            cpu_prefetch_line((const char *)wr + (size_t)e * esz);
+            if (esz == 4) cpu_prefetch_line((const char *)wr + (size_t)e * esz + 64);
+        }
         __m256 wv[4];
-        for (int j = 0; j < 4; j++) wv[j] = fl_load(type, wr, e + 8 * j);
+        UNROLL for (int j = 0; j < 4; j++) wv[j] = fl_load(type, wr, e + 8 * j);
         UNROLL for (int t = 0; t < NT; t++)
-            for (int j = 0; j < 4; j++) A[t][j] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x[t] + e + 8 * j), A[t][j]);
+            UNROLL for (int j = 0; j < 4; j++) A[t][j] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(x[t] + e + 8 * j), A[t][j]);
     }
     if (e < k) {
         /* tail: zero-padded copies, and lanes past k keep their accumulator */
@@ -380,7 +389,7 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
             memcpy(ht, (const uint16_t *)wr + e, (size_t)rem * 2);
         }
         __m256 wv[4], mk[4];
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int j = 0; j < 4; j++) {
             wv[j] = type == QT_F32 ? _mm256_loadu_ps(wt + 8 * j) : fl_load(type, ht, 8 * j);
             const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32(8 * j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
             mk[j] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane));
@@ -388,26 +397,32 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
         UNROLL for (int t = 0; t < NT; t++) {
             memset(xt, 0, sizeof xt);
             memcpy(xt, x[t] + e, (size_t)rem * 4);
-            for (int j = 0; j < 4; j++)
+            UNROLL for (int j = 0; j < 4; j++)
                 A[t][j] = _mm256_blendv_ps(A[t][j], _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xt + 8 * j), A[t][j]), mk[j]);
         }
     }
     UNROLL for (int t = 0; t < NT; t++) *o[t] = butterfly32(A[t][0], A[t][1], A[t][2], A[t][3]);
 }
 
+#define FL_TCH 8 /* tokens whose rows are computed while a weight row is in L1 */
+
+/* Chunks of up to FL_TCH tokens; within a chunk each weight row is read once (from memory,
+ * requested ahead by the first token pair) and kept in L1 for the chunk's other pairs. */
 AI void gemm_fl(const int type, GEMM_ARGS) {
-    for (int t0 = 0; t0 < n_tok;) {
-        const int nt = n_tok - t0 >= 2 ? 2 : 1;
-        const float *x[2];
-        for (int t = 0; t < nt; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(t0 + t) * act_bytes);
+    for (int tc = 0; tc < n_tok; tc += FL_TCH) {
+        const int nc = n_tok - tc < FL_TCH ? n_tok - tc : FL_TCH;
+        const float *x[FL_TCH];
+        for (int t = 0; t < nc; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
         for (int r = r0; r < r1; r++) {
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-            float *o[2];
-            for (int t = 0; t < nt; t++) o[t] = out + (size_t)(t0 + t) * out_stride + r;
-            if (nt == 2) fl_row(type, 2, wr, x, k, o);
-            else fl_row(type, 1, wr, x, k, o);
+            for (int t0 = 0; t0 < nc; t0 += 2) {
+                float *o[2];
+                const int nt = nc - t0 >= 2 ? 2 : 1;
+                for (int t = 0; t < nt; t++) o[t] = out + (size_t)(tc + t0 + t) * out_stride + r;
+                if (nt == 2) fl_row(type, 2, wr, x + t0, k, o, t0 == 0);
+                else fl_row(type, 1, wr, x + t0, k, o, t0 == 0);
+            }
         }
-        t0 += nt;
     }
 }
 
