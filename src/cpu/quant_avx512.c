@@ -389,51 +389,72 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *const *x, int k,
-               float *const *o) {
-    __m512 A0[4], A1[4];
-    UNROLL for (int t = 0; t < NT; t++) A0[t] = A1[t] = _mm512_setzero_ps();
+/* NR consecutive rows (row_bytes apart) against NT tokens: per (row, token) the 32-lane fma
+ * chains over e ascending (2 x NR x NT independent chains, so the FMA latency is hidden), then
+ * the butterfly into o[t][i] for row i. With pf, each row's lines ahead are requested
+ * (cpu/prefetch.h): the rows are one sequential stream. */
+AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, size_t row_bytes, const float *const *x,
+                int k, float *const *o, const bool pf) {
+    __m512 A0[4][8], A1[4][8];
+    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int t = 0; t < NT; t++) A0[i][t] = A1[i][t] = _mm512_setzero_ps();
     int e = 0;
     const int esz = type == QT_F32 ? 4 : 2;
     for (; e + 32 <= k; e += 32) {
-        /* the rows are one sequential stream: fetch ahead of it (cpu/prefetch.h) */
-        cpu_prefetch_line((const char *)wr + (size_t)e * esz);
-        if (esz == 4) cpu_prefetch_line((const char *)wr + (size_t)e * esz + 64);
-        const __m512 w0 = fl_load(type, wr, e), w1 = fl_load(type, wr, e + 16);
-        UNROLL for (int t = 0; t < NT; t++) {
-            A0[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + e), A0[t]);
-            A1[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + e + 16), A1[t]);
+        UNROLL for (int i = 0; i < NR; i++) {
+            const uint8_t *r = wr + (size_t)i * row_bytes;
+            if (pf) {
+                cpu_prefetch_line((const char *)r + (size_t)e * esz);
+                if (esz == 4) cpu_prefetch_line((const char *)r + (size_t)e * esz + 64);
+            }
+            const __m512 w0 = fl_load(type, r, e), w1 = fl_load(type, r, e + 16);
+            UNROLL for (int t = 0; t < NT; t++) {
+                A0[i][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + e), A0[i][t]);
+                A1[i][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + e + 16), A1[i][t]);
+            }
         }
     }
     if (e < k) {
         const int rem = k - e;
         const __mmask16 m0 = mask16_first(rem), m1 = rem > 16 ? mask16_first(rem - 16) : (__mmask16)0;
-        const __m512 w0 = fl_load_mask(type, wr, e, m0), w1 = fl_load_mask(type, wr, e + 16, m1);
-        UNROLL for (int t = 0; t < NT; t++) {
-            A0[t] = _mm512_mask3_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x[t] + e), A0[t], m0);
-            A1[t] = _mm512_mask3_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x[t] + e + 16), A1[t], m1);
-        }
-    }
-    UNROLL for (int t = 0; t < NT; t++) *o[t] = butterfly32_zmm(A0[t], A1[t]);
-}
-
-AI void gemm_fl(const int type, GEMM_ARGS) {
-    for (int t0 = 0; t0 < n_tok;) {
-        const int rem = n_tok - t0;
-        const int nt = rem >= 4 ? 4 : rem >= 2 ? 2 : 1;
-        const float *x[4];
-        for (int t = 0; t < nt; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(t0 + t) * act_bytes);
-        for (int r = r0; r < r1; r++) {
-            const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-            float *o[4];
-            for (int t = 0; t < nt; t++) o[t] = out + (size_t)(t0 + t) * out_stride + r;
-            switch (nt) {
-            case 4: fl_row(type, 4, wr, x, k, o); break;
-            case 2: fl_row(type, 2, wr, x, k, o); break;
-            default: fl_row(type, 1, wr, x, k, o); break;
+        UNROLL for (int i = 0; i < NR; i++) {
+            const uint8_t *r = wr + (size_t)i * row_bytes;
+            const __m512 w0 = fl_load_mask(type, r, e, m0), w1 = fl_load_mask(type, r, e + 16, m1);
+            UNROLL for (int t = 0; t < NT; t++) {
+                A0[i][t] = _mm512_mask3_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x[t] + e), A0[i][t], m0);
+                A1[i][t] = _mm512_mask3_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x[t] + e + 16), A1[i][t], m1);
             }
         }
-        t0 += nt;
+    }
+    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int t = 0; t < NT; t++) o[t][i] = butterfly32_zmm(A0[i][t], A1[i][t]);
+}
+
+#define FL_TCH 8 /* tokens whose rows are computed while a weight row is in L1 */
+
+/* Chunks of up to FL_TCH tokens, all in one pass over the rows: one token four rows at a time
+ * (enough independent chains), two to six tokens two rows at a time (each activation vector
+ * loaded once for both: at six tokens the activations, 48 KiB at k 2048, do not stay in L1). */
+AI void gemm_fl(const int type, GEMM_ARGS) {
+    for (int tc = 0; tc < n_tok; tc += FL_TCH) {
+        const int nc = n_tok - tc < FL_TCH ? n_tok - tc : FL_TCH;
+        const int nr = nc == 1 ? 4 : nc <= 6 ? 2 : 1;
+        const float *x[FL_TCH];
+        float *o[FL_TCH];
+        for (int t = 0; t < nc; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
+        for (int r = r0; r < r1;) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+            for (int t = 0; t < nc; t++) o[t] = out + (size_t)(tc + t) * out_stride + r;
+            const int n = r1 - r >= nr ? nr : 1;
+#define FL_CASE(NR, NT) \
+    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, x, k, o, true); break
+            switch (n * 16 + nc) {
+                FL_CASE(4, 1); FL_CASE(2, 2); FL_CASE(2, 3); FL_CASE(2, 4); FL_CASE(2, 5); FL_CASE(2, 6);
+                FL_CASE(1, 1); FL_CASE(1, 2); FL_CASE(1, 3); FL_CASE(1, 4); FL_CASE(1, 5); FL_CASE(1, 6);
+                FL_CASE(1, 7); FL_CASE(1, 8);
+            default: DT_ASSERT(0);
+            }
+#undef FL_CASE
+            r += n;
+        }
     }
 }
 
