@@ -98,8 +98,10 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
             const __m256i W = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(W, bcast4(y[t]->q + 32 * j + 4 * i)));
+                pin(&s[t]); /* the sum in this order: reassociated, GCC kept all 8 products live and spilled */
+            }
         }
         const __m256i sc = byte_to_wpair(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
