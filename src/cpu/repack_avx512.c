@@ -89,6 +89,15 @@ AI const uint8_t *launder(const uint8_t *p) {
     return p;
 }
 
+/* The same for an activation block: each stream of a lockstep pair addresses the activations
+ * through its own copy of the pointer, so the compiler does not keep the 64 broadcast addresses
+ * of one block live for the other stream (it spilled them to the stack: 64 stores and reloads a
+ * block pair). */
+AI const block_q8k *launder_y(const block_q8k *p) {
+    __asm__("" : "+r"(p));
+    return p;
+}
+
 /* Makes v a register value the compiler cannot re-load: a weight vector used twice (Q & 0x0f,
  * Q & 0xf0) is loaded once instead of being folded into both ANDs as a memory operand (the
  * doubled loads cost 10-17% of the Q4_K kernel's in-cache speed at 1-8 tokens). */
@@ -449,7 +458,7 @@ static __attribute__((noinline)) void q4k_group2(const uint8_t *const G[2], int 
             const uint8_t *B = G[s] + (size_t)b * RP_Q4K_BLOCK;
             const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end[s];
             if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end[s], nx[s], f);
-            a[s] = q4k_one(B, y + b, a[s], spread, f);
+            a[s] = q4k_one(B, launder_y(y + b), a[s], spread, f);
         }
     _mm512_store_ps(acc, a[0]);
     _mm512_store_ps(acc + 16, a[1]);
@@ -465,7 +474,7 @@ static __attribute__((noinline)) void q6k_group2(const uint8_t *const G[2], int 
             const uint8_t *B = G[s] + hdr + (size_t)b * RP_Q6K_BLOCK;
             const bool spread = B + CPU_FORM_SPAN(f) + RP_Q6K_BLOCK <= end[s];
             if (!spread) cpu_prefetch_ahead_form(B, RP_Q6K_BLOCK, end[s], nx[s], f);
-            a[s] = q6k_one(B, G[s] + 32 * b, y + b, a[s], spread, f);
+            a[s] = q6k_one(B, G[s] + 32 * b, launder_y(y + b), a[s], spread, f);
         }
     _mm512_store_ps(acc, a[0]);
     _mm512_store_ps(acc + 16, a[1]);
