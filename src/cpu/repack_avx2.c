@@ -129,6 +129,63 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
     }
 }
 
+/* One token against one whole Q4_K block B (both halves), accumulators a[h] updated: the same
+ * integer sums and fp32 chain per lane as q4k_tokens(1, ...) on each half, in another order.
+ * Each 32-byte weight vector is loaded once for both of its nibbles (sub-blocks 2p and 2p+1),
+ * and each activation broadcast serves both halves; the four int16 sums of a pair run as
+ * independent chains, pinned in order (reassociated, GCC keeps the products live and spills). */
+AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        __m256i se[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, so[2] = {se[0], se[0]};
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const __m256i ae = bcast4(y->q + 64 * p + 4 * i), ao = bcast4(y->q + 64 * p + 32 + 4 * i);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m256i Q = LD(B + RP_Q4K_QS + 64 * (8 * p + i) + 32 * h);
+                se[h] = _mm256_add_epi16(se[h], _mm256_maddubs_epi16(_mm256_and_si256(Q, m0f), ae));
+                so[h] = _mm256_add_epi16(so[h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f), ao));
+                pin(&se[h]);
+                pin(&so[h]);
+            }
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const uint8_t *Bh = launder(B) + 32 * h; /* scales decoded here, not hoisted and spilled */
+            const __m256i sc = p < 2 ? q4k_slo(Bh) : q4k_shi(Bh);
+            I[h] = _mm256_add_epi32(I[h], _mm256_madd_epi16(se[h], byte_to_wpair(sc, (2 * p) & 3)));
+            I[h] = _mm256_add_epi32(I[h], _mm256_madd_epi16(so[h], byte_to_wpair(sc, (2 * p + 1) & 3)));
+            pin(&I[h]);
+        }
+    }
+    const __m256i bp32 = _mm256_madd_epi16(LD(y->bsums), _mm256_set1_epi16(1));
+    const __m256i bp = _mm256_packs_epi32(bp32, bp32);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const uint8_t *Bh = B + 32 * h;
+        const __m256i mlo = q4k_mlo(Bh), mhi = q4k_mhi(Bh);
+        __m256i M = _mm256_madd_epi16(bytes_to_words(mlo, 0), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(0)));
+        M = _mm256_add_epi32(M, _mm256_madd_epi16(bytes_to_words(mlo, 1), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(1))));
+        M = _mm256_add_epi32(M, _mm256_madd_epi16(bytes_to_words(mhi, 0), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(4))));
+        M = _mm256_add_epi32(M, _mm256_madd_epi16(bytes_to_words(mhi, 1), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(5))));
+        const __m256 d = ld_f16x8(B + RP_Q4K_D + 16 * h), dmin = ld_f16x8(B + RP_Q4K_DMIN + 16 * h);
+        a[h] = chain_neg(chain(a[h], d, y->d, I[h]), dmin, y->d, M);
+    }
+}
+
+/* One token against one 16-row Q4_K group (every block, both halves' accumulators in
+ * registers), its 16 sums to acc; the weight requests as gemm_rp's for one token. */
+static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *end, const cpu_next *nx) {
+    __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+        cpu_prefetch_tier(B, RP_Q4K_BLOCK, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+        cpu_prefetch_again(B, RP_Q4K_BLOCK, end);
+        q4k_one(B, y + b, a);
+    }
+    _mm256_store_ps(acc, a[0]);
+    _mm256_store_ps(acc + 8, a[1]);
+}
+
 /* ---- Q6_K (half h) ------------------------------------------------------------------------------- */
 
 AI __m256i q6k_w(const uint8_t *B, int j, int i) {
@@ -215,6 +272,13 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
+#ifndef RP2_NO_ONE
+            if (n_tok == 1 && !is6) {
+                q4k_group1(G, nb, (const block_q8k *)act, acc, end, nx);
+                memcpy(out + (size_t)g * REPACK_ROWS, acc, sizeof(float) * (size_t)DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS));
+                continue;
+            }
+#endif
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
             if (is6) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
             for (int b = 0; b < nb; b++) {
