@@ -14,7 +14,10 @@
  *   Q6_K: 2 weight vectors at a time (4 products per int16 lane, <= 4*63*127 = 32004 < 2^15),
  *         u = q + 32 unsigned; I = sum_j sc_j*s_j - 32 * sum_j sc_j*bsum_j (vpmaddwd on int16
  *         (sc_2p, sc_2p+1) x (bsum_2p, bsum_2p+1) pairs); acc = fma(d*da, (float)I, acc).
- * int32 bounds as in repack_avx512.c. Blocks ascend: every lane runs the reference's chain. */
+ * int32 bounds as in repack_avx512.c. Blocks ascend: every lane runs the reference's chain.
+ * One token (Q4_K) has its own path, q4k_group1: a whole 16-row group per call, both halves at
+ * once. Sums that GCC may reassociate are pinned in order (pin): reassociated, it kept a
+ * sub-block's eight products live and spilled them (bench/cpu-speed.md, twenty-third session). */
 #include <immintrin.h>
 #include <string.h>
 
