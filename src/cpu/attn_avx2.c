@@ -14,11 +14,11 @@
 
 #include "common.h"
 #include "cpu/attn.h"
+#include "cpu/attn_chunked.h"
 #include "cpu/exp_avx2.h"
 #include "mathx.h"
 
 #define AI static inline __attribute__((always_inline))
-#define HMAX 8  /* heads per scores pass over the positions */
 #define HSUB 4  /* heads whose chains run together on a position group */
 #define HSET 8  /* heads per o_c pass */
 #define PF_K_FAR 8            /* position groups of K requested into L2 ahead of the scores */
@@ -59,7 +59,7 @@ static void score_sub(int nh, const float *q, int hd, const fp16_t *kg, int j0, 
     }
 }
 
-/* Scores of nh <= HMAX heads over all n positions, group by group; before each group, the K
+/* Scores of nh <= ATTN_HMAX heads over all n positions, group by group; before each group, the K
  * group PF_K_NEAR ahead is requested into L1 and the one PF_K_FAR ahead into L2 (past K's
  * last group, V's first rows, which the PV pass reads next). */
 static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
@@ -133,42 +133,29 @@ static void pv(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j
     }
 }
 
+/* Every 8-dim vector of the chunk, for all the set's heads at once. */
+static void pv_chunk(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, const float *w,
+                     float *O) {
+    for (int v0 = 0; v0 < hd / 8; v0++) pv(nh, p, ss, V, j0, j1, n, hd, v0, w, O);
+}
+
+static void div_rows(float *O, int nh, int hd, const float *L) {
+    for (int h = 0; h < nh; h++) {
+        const __m256 vL = _mm256_set1_ps(L[h]);
+        for (int v = 0; v < hd / 8; v++) {
+            float *o = O + (size_t)h * hd + 8 * v;
+            _mm256_storeu_ps(o, _mm256_div_ps(_mm256_loadu_ps(o), vL));
+        }
+    }
+}
+
+static const attn_chunked_ops ops_avx2 = {
+    .k_near = PF_K_NEAR, .scores = scores, .scan_max = scan_max8, .chunk_exp = chunk_exp,
+    .pv_chunk = pv_chunk, .div_rows = div_rows,
+};
+
 void attn_group_avx2(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale, float *out,
                      float *scratch) {
     DT_ASSERT(hd % 8 == 0 && ng >= 1);
-    const int n = pos + 1, nv = hd / 8;
-    const size_t ss = ((size_t)n + 15) & ~(size_t)15;
-    for (int h0 = 0; h0 < ng; h0 += HMAX) {
-        const int nh = DT_MIN(HMAX, ng - h0);
-        float *s = scratch, *O = out + (size_t)h0 * hd;
-        if (h0 == 0) /* the first PF_K_NEAR K groups; scores requests the rest */
-            for (size_t o = 0; o < (size_t)DT_MIN((n + KV_POS_GROUP - 1) / KV_POS_GROUP, PF_K_NEAR) * KV_POS_GROUP * hd * sizeof(fp16_t);
-                 o += 64)
-                _mm_prefetch((const char *)K + o, _MM_HINT_T0);
-        scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
-        float M[HMAX], L[HMAX], w[HMAX];
-        for (int h = 0; h < nh; h++) {
-            M[h] = scan_max8(s + h * ss, n);
-            L[h] = 0.0f;
-        }
-        for (size_t i = 0; i < (size_t)nh * hd; i++) O[i] = 0.0f;
-        for (int j0 = 0; j0 < n; j0 += ATTN_CHUNK) {
-            const int j1 = DT_MIN(n, j0 + ATTN_CHUNK);
-            for (int h = 0; h < nh; h++) {
-                float *sh = s + h * ss;
-                const float m = scan_max8(sh + j0, j1 - j0);
-                const float l = chunk_exp(sh + j0, j1 - j0, m);
-                w[h] = mathx_exp(m - M[h]);
-                L[h] = fmaf(w[h], l, L[h]);
-            }
-            for (int v0 = 0; v0 < nv; v0++) pv(nh, s, ss, V, j0, j1, n, hd, v0, w, O);
-        }
-        for (int h = 0; h < nh; h++) {
-            const __m256 vL = _mm256_set1_ps(L[h]);
-            for (int v = 0; v < nv; v++) {
-                float *o = O + (size_t)h * hd + 8 * v;
-                _mm256_storeu_ps(o, _mm256_div_ps(_mm256_loadu_ps(o), vL));
-            }
-        }
-    }
+    attn_chunked(&ops_avx2, q, ng, K, V, pos, hd, scale, out, scratch);
 }

@@ -16,10 +16,11 @@
 #include "common.h"
 #include "cpu/attn.h"
 #include "mathx.h"
+#include "cpu/attn_chunked.h"
 #include "cpu/exp_avx512.h"
 
 #define AI static inline __attribute__((always_inline))
-#define HMAX 8 /* heads per scores pass */
+#define HMAX ATTN_HMAX /* heads per scores pass */
 #define HSET 8 /* heads per o_c pass */
 #define VSET 2 /* 16-dim vectors per o_c pass */
 /* The arena's request distances, overridable at build time (e.g. CFLAGS_B='-DPF_V_FAR=0'
@@ -161,45 +162,33 @@ static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j
     }
 }
 
+/* Every head set of the chunk, in sets of HSET heads x VSET 16-dim vectors. */
+static void pv_chunk(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, const float *w,
+                     float *O) {
+    const int nv = hd / 16;
+    for (int hs = 0; hs < nh; hs += HSET)
+        for (int v0 = 0; v0 < nv; v0 += VSET)
+            pv(DT_MIN(HSET, nh - hs), DT_MIN(VSET, nv - v0), p + hs * ss, ss, V, j0, j1, n, hd, v0, w + hs,
+               O + (size_t)hs * hd);
+}
+
+static void div_rows(float *O, int nh, int hd, const float *L) {
+    for (int h = 0; h < nh; h++) {
+        const __m512 vL = _mm512_set1_ps(L[h]);
+        for (int v = 0; v < hd / 16; v++) {
+            float *o = O + (size_t)h * hd + 16 * v;
+            _mm512_storeu_ps(o, _mm512_div_ps(_mm512_loadu_ps(o), vL));
+        }
+    }
+}
+
+static const attn_chunked_ops ops_avx512 = {
+    .k_near = PF_K_NEAR, .scores = scores, .scan_max = scan_max16, .chunk_exp = chunk_exp,
+    .pv_chunk = pv_chunk, .div_rows = div_rows,
+};
+
 void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
                        float *out, float *scratch) {
     DT_ASSERT(hd % 16 == 0 && ng >= 1);
-    const int n = pos + 1, nv = hd / 16;
-    const size_t ss = ((size_t)n + 15) & ~(size_t)15;
-    for (int h0 = 0; h0 < ng; h0 += HMAX) {
-        const int nh = DT_MIN(HMAX, ng - h0);
-        float *s = scratch, *O = out + (size_t)h0 * hd;
-        if (h0 == 0) /* the first PF_K_NEAR K groups (whole: positions interleave within one); scores_nh prefetches the rest */
-            for (size_t o = 0; o < (size_t)DT_MIN((n + KV_POS_GROUP - 1) / KV_POS_GROUP, PF_K_NEAR) * KV_POS_GROUP * hd * sizeof(fp16_t);
-                 o += 64)
-                _mm_prefetch((const char *)K + o, _MM_HINT_T0);
-        scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
-        float M[HMAX], L[HMAX], m[HMAX], w[HMAX];
-        for (int h = 0; h < nh; h++) {
-            M[h] = scan_max16(s + h * ss, n);
-            L[h] = 0.0f;
-        }
-        for (size_t i = 0; i < (size_t)nh * hd; i++) O[i] = 0.0f;
-        for (int j0 = 0; j0 < n; j0 += ATTN_CHUNK) {
-            const int j1 = DT_MIN(n, j0 + ATTN_CHUNK);
-            for (int h = 0; h < nh; h++) {
-                float *sh = s + h * ss;
-                m[h] = scan_max16(sh + j0, j1 - j0);
-                const float l = chunk_exp(sh + j0, j1 - j0, m[h]);
-                w[h] = mathx_exp(m[h] - M[h]);
-                L[h] = fmaf(w[h], l, L[h]);
-            }
-            for (int hs = 0; hs < nh; hs += HSET)
-                for (int v0 = 0; v0 < nv; v0 += VSET)
-                    pv(DT_MIN(HSET, nh - hs), DT_MIN(VSET, nv - v0), s + hs * ss, ss, V, j0, j1, n, hd, v0, w + hs,
-                       O + (size_t)hs * hd);
-        }
-        for (int h = 0; h < nh; h++) {
-            const __m512 vL = _mm512_set1_ps(L[h]);
-            for (int v = 0; v < nv; v++) {
-                float *o = O + (size_t)h * hd + 16 * v;
-                _mm512_storeu_ps(o, _mm512_div_ps(_mm512_loadu_ps(o), vL));
-            }
-        }
-    }
+    attn_chunked(&ops_avx512, q, ng, K, V, pos, hd, scale, out, scratch);
 }
