@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cpu/cpu_quant.h"
+#include "cpu/exp_avx2.h"
 #include "cpu/prefetch.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -346,15 +347,6 @@ AI __m256 fl_load(const int type, const void *w, int e) {
     if (type == QT_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-/* lane[i] += lane[i+s] for s = 16, 8, 4, 2, 1 (lane[i] the first operand). */
-AI float butterfly32(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    const __m256 b0 = _mm256_add_ps(a0, a2), b1 = _mm256_add_ps(a1, a3);
-    const __m256 s8 = _mm256_add_ps(b0, b1);
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-    return _mm_cvtss_f32(s1);
-}
 
 /* One row against NT tokens: per token the 32-lane fma chains over e ascending, then the
  * butterfly. With pf, each 64 bytes of the row has the lines 1 KiB ahead (L1) and 8 KiB ahead
@@ -401,7 +393,7 @@ AI void fl_row(const int type, const int NT, const uint8_t *wr, const float *con
                 A[t][j] = _mm256_blendv_ps(A[t][j], _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xt + 8 * j), A[t][j]), mk[j]);
         }
     }
-    UNROLL for (int t = 0; t < NT; t++) *o[t] = butterfly32(A[t][0], A[t][1], A[t][2], A[t][3]);
+    UNROLL for (int t = 0; t < NT; t++) *o[t] = butterfly32_ymm(A[t][0], A[t][1], A[t][2], A[t][3]);
 }
 
 #define FL_TCH 8 /* tokens whose rows are computed while a weight row is in L1 */
