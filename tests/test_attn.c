@@ -35,9 +35,9 @@ static const flavour flavours[] = {
 };
 
 static void check_flavour(const flavour *f) {
-    /* groups of 1..9 query heads (9: more than one scores pass) sharing a KV head */
-    const int ctx = 320, hds[] = {64, 72, 128}, groups[] = {1, 2, 3, 4, 5, 8, 9};
-    const int NG = 9;
+    /* groups of 1..9, 12 and 16 query heads (9 and up: more than one scores pass) sharing a KV head */
+    const int ctx = 320, hds[] = {64, 72, 128}, groups[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16};
+    const int NG = 16;
     int checked = 0;
     for (int hi = 0; hi < 3; hi++) {
         int hd = hds[hi];
