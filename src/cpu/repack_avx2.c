@@ -89,6 +89,25 @@ AI __m256i q4k_mhi(const uint8_t *B) {
                            _mm256_and_si256(_mm256_srli_epi32(LD(B + RP_Q4K_SC + 64), 2), _mm256_set1_epi8(0x30)));
 }
 
+/* The min term M = sum_j m_j * (bsum_2j + bsum_2j+1) of one token for the half's 8 rows: mp[p]
+ * lane r = int16 (m_2p, m_2p+1) of row r (bytes_to_words of mlo / mhi), y the token's block.
+ * The pair sums bp_j (int32) are packed to int16 (exact: |bp| <= 4064): in 128-bit lane L,
+ * dwords 0,1 = (bp_4L, bp_4L+1), (bp_4L+2, bp_4L+3). */
+AI __m256i q4k_min_sum(const __m256i mp[4], const block_q8k *y) {
+    const __m256i bp32 = _mm256_madd_epi16(LD(y->bsums), _mm256_set1_epi16(1));
+    const __m256i bp = _mm256_packs_epi32(bp32, bp32);
+    __m256i M = _mm256_madd_epi16(mp[0], _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(0)));
+    M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[1], _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(1))));
+    M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[2], _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(4))));
+    return _mm256_add_epi32(M, _mm256_madd_epi16(mp[3], _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(5))));
+}
+/* mp of q4k_min_sum for the half whose scale vectors are at B. */
+AI void q4k_min_pairs(const uint8_t *B, __m256i mp[4]) {
+    const __m256i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
+    mp[0] = bytes_to_words(mlo, 0), mp[1] = bytes_to_words(mlo, 1);
+    mp[2] = bytes_to_words(mhi, 0), mp[3] = bytes_to_words(mhi, 1);
+}
+
 /* B: the block + 32h (weight and scale vectors of the half), D: the block's d + 16h. */
 AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
@@ -112,19 +131,11 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
             pin(&I[t]);
         }
     }
-    const __m256i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    const __m256i mp0 = bytes_to_words(mlo, 0), mp1 = bytes_to_words(mlo, 1), mp2 = bytes_to_words(mhi, 0),
-                  mp3 = bytes_to_words(mhi, 1);
+    __m256i mp[4];
+    q4k_min_pairs(B, mp);
     const __m256 d = ld_f16x8(D), dmin = ld_f16x8(D + (RP_Q4K_DMIN - RP_Q4K_D));
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        /* pair sums bp_j = bsum_2j + bsum_2j+1 (int32), packed to int16 (exact: |bp| <= 4064):
-         * in 128-bit lane L, dwords 0,1 = (bp_4L, bp_4L+1), (bp_4L+2, bp_4L+3) */
-        const __m256i bp32 = _mm256_madd_epi16(LD(y[t]->bsums), _mm256_set1_epi16(1));
-        const __m256i bp = _mm256_packs_epi32(bp32, bp32);
-        __m256i M = _mm256_madd_epi16(mp0, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(0)));
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(mp1, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(1))));
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(mp2, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(4))));
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(mp3, _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(5))));
+        const __m256i M = q4k_min_sum(mp, y[t]);
         __m256 a = _mm256_load_ps(acc + 16 * t);
         a = chain(a, d, y[t]->d, I[t]);
         a = chain_neg(a, dmin, y[t]->d, M);
@@ -160,15 +171,10 @@ AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
             pin(&I[h]);
         }
     }
-    const __m256i bp32 = _mm256_madd_epi16(LD(y->bsums), _mm256_set1_epi16(1));
-    const __m256i bp = _mm256_packs_epi32(bp32, bp32);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        const uint8_t *Bh = B + 32 * h;
-        const __m256i mlo = q4k_mlo(Bh), mhi = q4k_mhi(Bh);
-        __m256i M = _mm256_madd_epi16(bytes_to_words(mlo, 0), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(0)));
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(bytes_to_words(mlo, 1), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(1))));
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(bytes_to_words(mhi, 0), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(4))));
-        M = _mm256_add_epi32(M, _mm256_madd_epi16(bytes_to_words(mhi, 1), _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(5))));
+        __m256i mp[4];
+        q4k_min_pairs(B + 32 * h, mp);
+        const __m256i M = q4k_min_sum(mp, y);
         const __m256 d = ld_f16x8(B + RP_Q4K_D + 16 * h), dmin = ld_f16x8(B + RP_Q4K_DMIN + 16 * h);
         a[h] = chain_neg(chain(a[h], d, y->d, I[h]), dmin, y->d, M);
     }
@@ -271,17 +277,17 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
+    if (n_tok == 1 && !is6) { /* one token, Q4_K: whole groups (q4k_group1) */
+        for (int g = g0; g < g1; g++) {
+            q4k_group1((const uint8_t *)w + (size_t)g * group_bytes, nb, (const block_q8k *)act, acc, end, nx);
+            memcpy(out + (size_t)g * REPACK_ROWS, acc, sizeof(float) * (size_t)DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS));
+        }
+        return;
+    }
     for (int ts = 0; ts < n_tok; ts += TSUP) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
-#ifndef RP2_NO_ONE
-            if (n_tok == 1 && !is6) {
-                q4k_group1(G, nb, (const block_q8k *)act, acc, end, nx);
-                memcpy(out + (size_t)g * REPACK_ROWS, acc, sizeof(float) * (size_t)DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS));
-                continue;
-            }
-#endif
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
             if (is6) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
             for (int b = 0; b < nb; b++) {
