@@ -97,26 +97,7 @@ static void check_flavour(const flavour *f) {
         }
         free(g), free(u), free(h1), free(h2);
     }
-    /* RoPE: vec_rope == the scalar formula (products, then one subtraction or addition) for every
-     * half-width 1..80 (partial lanes and none), ordinary and extreme values */
-    {
-        float v[160], w[160], cs[80], sn[80];
-        int bad = 0;
-        for (int half = 1; half <= 80; half++) {
-            for (int i = 0; i < 2 * half; i++) v[i] = frand() * (i % 7 == 0 ? 3e37f : i % 7 == 1 ? 1e-38f : 4.0f);
-            for (int i = 0; i < half; i++) cs[i] = frand(), sn[i] = frand();
-            memcpy(w, v, sizeof(float) * 2 * (size_t)half);
-            for (int i = 0; i < half; i++) {
-                const float x0 = w[i], x1 = w[i + half];
-                w[i] = (x0 * cs[i]) - (x1 * sn[i]);
-                w[i + half] = (x1 * cs[i]) + (x0 * sn[i]);
-            }
-            vec_rope(v, cs, sn, half);
-            bad += memcmp(v, w, sizeof(float) * 2 * (size_t)half) != 0;
-        }
-        CHECK(bad == 0, "rope: %d of 80 widths differ from the scalar formula", bad);
-    }
-    /* RMSNorm: avx512 == mathx_rmsnorm over lengths 1..300 (partial lanes, one and many
+    /* RMSNorm: the flavour == mathx_rmsnorm over lengths 1..300 (partial lanes, one and many
      * 32-lane rounds), ordinary / huge / tiny values, in place and out of place */
     {
         int n = 300;
@@ -179,6 +160,26 @@ int main(void) {
     }
     CHECK(attn_select(CPU_AVX512, 72) == attn_group_avx2 && attn_select(CPU_AVX2, 36) == attn_group_generic,
           "head dims a flavour lacks fall back");
+    /* RoPE (one baseline form for every level): vec_rope == the scalar formula (products, then
+     * one subtraction or addition) for every half-width 1..80 (partial lanes and none), ordinary
+     * and extreme values */
+    {
+        float v[160], w[160], cs[80], sn[80];
+        int bad = 0;
+        for (int half = 1; half <= 80; half++) {
+            for (int i = 0; i < 2 * half; i++) v[i] = frand() * (i % 7 == 0 ? 3e37f : i % 7 == 1 ? 1e-38f : 4.0f);
+            for (int i = 0; i < half; i++) cs[i] = frand(), sn[i] = frand();
+            memcpy(w, v, sizeof(float) * 2 * (size_t)half);
+            for (int i = 0; i < half; i++) {
+                const float x0 = w[i], x1 = w[i + half];
+                w[i] = (x0 * cs[i]) - (x1 * sn[i]);
+                w[i + half] = (x1 * cs[i]) + (x0 * sn[i]);
+            }
+            vec_rope(v, cs, sn, half);
+            bad += memcmp(v, w, sizeof(float) * 2 * (size_t)half) != 0;
+        }
+        CHECK(bad == 0, "rope: %d of 80 widths differ from the scalar formula", bad);
+    }
     /* top-k routing: the one-pass form equals the definition, with many ties, signed
      * zeros and k up to n */
     {
