@@ -344,12 +344,17 @@ fail:
  * followed at once by one pass of the probe's patterns. Per step: each path's read rate over
  * the best pattern right after its pair, and the batch's rate in tok/s over the solo step's
  * (x: quartiles and median) — the ratio to solo at equal machine bandwidth, measured ~0.1 s
- * apart. Row 0 of the batch has the solo stream's prompt (both decode the same tokens), so
- * *same = whether its logits equalled the solo stream's, bitwise, at every step. Needs S + 1
- * free slots. */
+ * apart; x_all = the batch's aggregate rate over all n steps over the solo stream's (S x the
+ * solo steps' summed time / the batch steps'). Row 0 of the batch has the solo stream's prompt
+ * (both decode the same tokens), so *same = whether its logits equalled the solo stream's,
+ * bitwise, at every step. With an engine made with profile, stage[k][j] = path k's (0: solo,
+ * 1: batch) time and weight bytes per step in stage j, means over the n steps (n_stages
+ * stages). Needs S + 1 free slots. */
 typedef struct paired_batch_out {
-    double q[2][3], tps[2], x[3];
+    double q[2][3], tps[2], x[3], x_all;
     bool same;
+    int n_stages;
+    backend_stage stage[2][BENCH_STAGES];
 } paired_batch_out;
 
 static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int n, paired_batch_out *po,
@@ -359,8 +364,11 @@ static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int 
     int32_t *tok = xmalloc(sizeof(int32_t) * 3 * (size_t)N), *pos = tok + N, *sl = tok + 2 * N;
     uint8_t *want = xmalloc((size_t)N);
     float *first = xmalloc(sizeof(float) * (size_t)V); /* the logits of the pair's first step */
-    double r[2][100], t[2][100], x[100];
+    double r[2][100], t[2][100], x[100], sum_dt[2] = {0, 0};
+    backend_stage p0[BENCH_STAGES], p1[BENCH_STAGES];
     int held = 0, rc = -1;
+    po->n_stages = 0;
+    memset(po->stage, 0, sizeof po->stage);
     for (int s = 0; s < N; s++) {
         uint64_t rng = s == S ? 77 : 77 + (uint64_t)s; /* row 0 and the solo stream: one prompt */
         sl[s] = kv_slot_acquire(e->kv);
@@ -378,10 +386,21 @@ static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int 
             uint64_t w0, k0, w1, k1;
             e->be->counters(e->be_state, &w0, &k0);
             engine_batch b = {rows, tok + at, pos + at, sl + at, want + at};
+            const int np = DT_MIN(e->be->profile(e->be_state, p0, BENCH_STAGES), BENCH_STAGES);
             double t0 = time_now();
             if (engine_forward(e, &b, err) < 0) goto out;
             double dt = time_now() - t0;
             e->be->counters(e->be_state, &w1, &k1);
+            e->be->profile(e->be_state, p1, BENCH_STAGES);
+            po->n_stages = np;
+            for (int j = 0; j < np; j++) {
+                backend_stage *a = &po->stage[k][j];
+                a->name = p1[j].name;
+                a->seconds += (p1[j].seconds - p0[j].seconds) / n;
+                a->weight_bytes += (p1[j].weight_bytes - p0[j].weight_bytes) / (uint64_t)n;
+                a->ends += (p1[j].ends - p0[j].ends) / n;
+            }
+            sum_dt[k] += dt;
             /* the solo stream's logits against batch row 0's (e->logits holds the last forward's) */
             if (kk) po->same = po->same && !memcmp(first, e->logits, sizeof(float) * (size_t)V);
             else memcpy(first, e->logits, sizeof(float) * (size_t)V);
@@ -403,6 +422,7 @@ static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int 
     }
     po->x[1] = median(x, n); /* sorts */
     po->x[0] = x[n / 4], po->x[2] = x[(3 * n) / 4];
+    po->x_all = S * sum_dt[0] / sum_dt[1];
     rc = 0;
 out:
     for (int s = 0; s < held; s++) kv_slot_release(e->kv, sl[s]);
@@ -466,6 +486,39 @@ static void print_profile(const bench_row *rows, int n) {
         for (int s = 0; s < rows[i].n_stages; s++) t += rows[i].stage[s].seconds;
         printf(" %.2f of %.2f |", 1e3 * t, rows[i].step_ms);
     }
+    printf("\n");
+}
+
+/* Per-stage table of the paired batches (engine made with profile): each stage's ms per step on
+ * the solo path and in each batch, their ratio, and weight GB/s where the stage reads weights —
+ * where a batch's time goes, measured step beside step with the solo stream's. */
+static void print_paired_profile(const paired_batch_out *pb, const int *streams, int n, int steps) {
+    if (n < 1 || pb[0].n_stages < 1) return;
+    printf("\npaired batches per stage (means over the %d steps of each path): ms per step, weight GB/s of gemm stages,"
+           " and the batch's ms over the solo stream's\n\n| stage | solo |", steps);
+    for (int i = 0; i < n; i++) printf(" %d streams | x |", streams[i]);
+    printf("\n|---|---:|");
+    for (int i = 0; i < n; i++) printf("---:|---:|");
+    printf("\n");
+    double tot[17][2] = {{0}};
+    for (int s = 0; s < pb[0].n_stages; s++) {
+        printf("| %s |", pb[0].stage[0][s].name);
+        for (int i = -1; i < n; i++) {
+            const backend_stage *b = &pb[i < 0 ? 0 : i].stage[i < 0 ? 0 : 1][s];
+            if (b->weight_bytes && b->seconds > 0)
+                printf(" %.2f (%.0f GB/s) |", 1e3 * b->seconds, (double)b->weight_bytes / b->seconds / 1e9);
+            else
+                printf(" %.2f |", 1e3 * b->seconds);
+            if (i >= 0) {
+                const double so = pb[i].stage[0][s].seconds;
+                printf(so > 0 ? " %.2f |" : " – |", b->seconds / so);
+                tot[i][0] += so, tot[i][1] += b->seconds;
+            }
+        }
+        printf("\n");
+    }
+    printf("| sum of stages | %.2f |", 1e3 * tot[0][0]);
+    for (int i = 0; i < n; i++) printf(" %.2f | %.2f |", 1e3 * tot[i][1], tot[i][1] / tot[i][0]);
     printf("\n");
 }
 
@@ -691,22 +744,26 @@ int bench_cmd(int argc, char **argv) {
         printf("\nunify / solo, median of the per-step paired ratios: %.3f; logits bitwise equal at every step: %s\n",
                po.ratio_med, po.same ? "yes" : "NO");
         bool head = false;
+        static paired_batch_out pbs[17];
+        int npb = 0, pb_streams[17];
         for (int i = 0; i < n_streams && !unify; i++) {
             if (streams[i] < 2) continue;
-            paired_batch_out pb;
-            if (paired_batch_run(e, probe, streams[i], plen, paired, &pb, &err) < 0) goto fail;
+            paired_batch_out *pb = &pbs[npb];
+            pb_streams[npb++] = streams[i];
+            if (paired_batch_run(e, probe, streams[i], plen, paired, pb, &err) < 0) goto fail;
             if (!head)
                 printf("\npaired batches (%d steps of one solo stream and of S streams in one batch, back to back in"
                        " alternating order, each pair followed by one probe pass; row 0 of the batch has the solo stream's"
-                       " prompt)\n\n"
+                       " prompt; all steps = the aggregate rates over all the steps)\n\n"
                        "| streams | solo %% of probe | batch %% of probe (quartiles) | solo tok/s | batch tok/s |"
-                       " x solo, per pair (quartiles) | row 0 = solo, bitwise |\n"
-                       "|---:|---:|---|---:|---:|---|---|\n", paired);
+                       " x solo, per pair (quartiles) | x solo, all steps | row 0 = solo, bitwise |\n"
+                       "|---:|---:|---|---:|---:|---|---:|---|\n", paired);
             head = true;
-            printf("| %d | %.0f%% | %.0f%% (%.0f–%.0f%%) | %.2f | %.2f | %.2f (%.2f–%.2f) | %s |\n", streams[i],
-                   pb.q[0][1], pb.q[1][1], pb.q[1][0], pb.q[1][2], pb.tps[0], pb.tps[1], pb.x[1], pb.x[0], pb.x[2],
-                   pb.same ? "yes" : "NO");
+            printf("| %d | %.0f%% | %.0f%% (%.0f–%.0f%%) | %.2f | %.2f | %.2f (%.2f–%.2f) | %.2f | %s |\n", streams[i],
+                   pb->q[0][1], pb->q[1][1], pb->q[1][0], pb->q[1][2], pb->tps[0], pb->tps[1], pb->x[1], pb->x[0],
+                   pb->x[2], pb->x_all, pb->same ? "yes" : "NO");
         }
+        if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);

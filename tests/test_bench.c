@@ -1,8 +1,9 @@
 /* test_bench.c — `ditto bench` on the shipped tiny model: the report's rows and probe line
  * are there, --paired runs the solo and the unify path step by step and finds their logits
  * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise
- * a solo stream and row 0 of a 2-stream batch with its prompt, and (--forms) the one-token
- * kernels' two weight stream forms; bad arguments are refused.
+ * a solo stream and row 0 of a 2-stream batch with its prompt (with --profile, the batch's
+ * aggregate ratio over all steps and its per-stage table beside the solo stream's), and
+ * (--forms) the one-token kernels' two weight stream forms; bad arguments are refused.
  * Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
@@ -77,6 +78,35 @@ int main(void) {
     const char *line = strstr(out, "paired (");
     if (line) printf("%.*s\n", (int)strcspn(line, "\n"), line);
     printf("unify / solo per-step ratio: %.3f\n", ratio);
+
+    /* paired batches with --profile: the aggregate ratio over all steps, and a per-stage table
+     * of the solo and the batch steps whose last row sums the stages */
+    char *pp[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1,2", "--prompt-len", "8",
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--profile"};
+    rc = run_bench(14, pp, out, sizeof out);
+    CHECK(rc == 0, "bench --paired --profile exit %d", rc);
+    pb = strstr(out, "paired batches (");
+    row2 = pb ? strstr(pb, "\n| 2 | ") : NULL;
+    double x_all = 0.0; /* the cell before the last: "| x_all | yes |" */
+    if (row2) {
+        const char *end = row2 + 1 + strcspn(row2 + 1, "\n"), *c = end;
+        int bars = 0;
+        while (c > row2 && bars < 3) bars += *--c == '|';
+        x_all = atof(c + 1);
+    }
+    CHECK(x_all > 0.0 && x_all < 100.0, "paired batches: a finite aggregate ratio over all steps (%g)", x_all);
+    const char *ps = strstr(out, "\npaired batches per stage (means over the 3 steps");
+    int stage_rows = 0;
+    const char *sr = ps ? strstr(ps, "\n| stage | solo | 2 streams | x |\n|---|") : NULL;
+    for (const char *l = sr ? strstr(sr + 1, "\n| ") : NULL; l && strncmp(l, "\n| sum of stages |", 18);
+         l = strstr(l + 1, "\n| "))
+        stage_rows++;
+    CHECK(stage_rows == 14, "paired per-stage table: %d stage rows, want 14", stage_rows);
+    const char *sum = ps ? strstr(ps, "\n| sum of stages | ") : NULL;
+    double so = 0, ba = 0, xs = 0;
+    if (sum) sscanf(sum, "\n| sum of stages | %lf | %lf | %lf |", &so, &ba, &xs);
+    CHECK(so > 0 && ba > 0 && xs > 0.99 * (ba / so) - 0.006 && xs < 1.01 * (ba / so) + 0.006,
+          "paired per-stage sums: solo %g ms, batch %g ms, x %g (their ratio)", so, ba, xs);
 
     /* --forms: solo steps in each stream form in turn, their logits bitwise equal at every step */
     char *fm[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
