@@ -41,6 +41,10 @@ $(BUILD)/src/cpu/%_avx2.o: src/cpu/%_avx2.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c -o $@ $<
 
+$(BUILD)/src/cpu/%_avx2vnni.o: src/cpu/%_avx2vnni.c src/cpu/%_avx2.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -mavxvnni -c -o $@ $<
+
 $(BUILD)/src/cpu/%_avx512.o: src/cpu/%_avx512.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c -o $@ $<

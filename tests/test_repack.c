@@ -172,6 +172,17 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
                   k, h ? "given" : "NULL");
         }
     }
+    /* on a CPU with AVX-VNNI the AVX2 level runs that build (above); the plain AVX2 build too */
+    if (g_max >= CPU_AVX2 && cpu_avx_vnni()) {
+        const cpu_next nx = {2, {w, wp}, {rb * (size_t)R, repack_bytes(type, R, k)}};
+        for (int h = 0; h < 3; h++) {
+            for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
+            if (h == 0) repack_gemm_avx2(type)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
+            else repack_gemm_next_avx2(type)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride, h == 2 ? &nx : NULL);
+            CHECK(!memcmp(ref, got, on * 4), "%s avx2 (plain build, %s) R=%d rows [%d,%d) n_tok=%d k=%d: not bitwise equal",
+                  tr->name, h ? "next" : "gemm", R, r0, r1, n_tok, k);
+        }
+    }
     n_cases++;
     free(w), free(wp), free(xf), free(a), free(ref), free(got);
 }
@@ -330,10 +341,16 @@ static void test_api(void) {
                   repack_gemm_next(QT_Q6_K, CPU_AVX512, NF) != repack_gemm_next(QT_Q6_K, CPU_AVX512, L1),
               "each stream form has its own AVX-512 kernels");
     CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == repack_gemm(QT_Q4_K, CPU_AVX2, L1), "below AVX-512 the form is ignored");
-    if (g_max >= CPU_AVX2)
-        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == repack_gemm_avx2(QT_Q4_K) && repack_gemm_avx2(QT_Q6_K) &&
-                  repack_gemm(QT_Q6_K, CPU_AVX2, NF) == repack_gemm_avx2(QT_Q6_K),
-              "avx2 dispatch");
+    if (g_max >= CPU_AVX2) { /* the AVX-VNNI build where the CPU has it (and DITTO_AVXVNNI is not 0) */
+        quant_gemm_fn (*const a2)(uint32_t) = cpu_avx_vnni() ? repack_gemm_avx2vnni : repack_gemm_avx2;
+        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == a2(QT_Q4_K) && a2(QT_Q6_K) &&
+                  repack_gemm(QT_Q6_K, CPU_AVX2, NF) == a2(QT_Q6_K) &&
+                  repack_gemm_next(QT_Q4_K, CPU_AVX2, NF) ==
+                      (cpu_avx_vnni() ? repack_gemm_next_avx2vnni : repack_gemm_next_avx2)(QT_Q4_K),
+              "avx2 dispatch (avx-vnni: %d)", cpu_avx_vnni());
+        if (cpu_avx_vnni())
+            CHECK(repack_gemm_avx2vnni(QT_Q4_K) != repack_gemm_avx2(QT_Q4_K), "the AVX-VNNI build is its own kernel");
+    }
     CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC, NF) != repack_gemm_avx2(QT_Q4_K), "generic is its own kernel");
     /* the form: DITTO_CPU_STREAM names one; anything else leaves the host's default */
     const char *old = getenv("DITTO_CPU_STREAM");
@@ -361,7 +378,8 @@ static void test_api(void) {
 int main(void) {
     test_rng_seed(0x2545F4914F6CDD1DULL);
     g_max = cpu_level_hw();
-    printf("repack: levels generic..%s\n", cpu_level_name(g_max));
+    printf("repack: levels generic..%s%s\n", cpu_level_name(g_max),
+           g_max >= CPU_AVX2 && cpu_avx_vnni() ? " (avx2 in its AVX-VNNI build, and the plain one)" : "");
     const double t0 = time_now();
     test_api();
     test_layout(QT_Q4_K);

@@ -852,8 +852,9 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
-    snprintf(st->desc, sizeof st->desc, "cpu %s, %d thread%s%s%s", cpu_level_name(st->level), st->nth,
-             st->nth > 1 ? "s" : "", avx512 ? ", weight stream " : "", avx512 ? cpu_stream_name(st->stream) : "");
+    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s", cpu_level_name(st->level),
+             st->level == CPU_AVX2 && cpu_avx_vnni() ? " (avx-vnni)" : "", st->nth, st->nth > 1 ? "s" : "",
+             avx512 ? ", weight stream " : "", avx512 ? cpu_stream_name(st->stream) : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);

@@ -40,6 +40,19 @@ enum cpu_level cpu_level_hw(void) {
     return (enum cpu_level)v;
 }
 
+bool cpu_avx_vnni(void) {
+    static volatile int cached = -1; /* benign race, as cpu_level_hw's */
+    int v = cached;
+    if (v < 0) {
+        unsigned a = 0, b, c, d;
+        if (cpu_level_hw() >= CPU_AVX2 && __get_cpuid_max(0, NULL) >= 7) __cpuid_count(7, 1, a, b, c, d);
+        const char *e = getenv("DITTO_AVXVNNI");
+        v = ((a >> 4) & 1) && !(e && !strcmp(e, "0"));
+        cached = v;
+    }
+    return v;
+}
+
 enum cpu_level cpu_level_detect(void) {
     enum cpu_level l = cpu_level_hw();
     const char *e = getenv("DITTO_CPU");

@@ -12,6 +12,7 @@
 #ifndef DITTO_CPU_QUANT_H
 #define DITTO_CPU_QUANT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "quant.h"
@@ -36,6 +37,9 @@ const char *cpu_stream_name(enum cpu_stream form);
 enum cpu_level cpu_level_detect(void);
 /* Best level of the hardware alone, ignoring DITTO_CPU (cached). */
 enum cpu_level cpu_level_hw(void);
+/* Whether the AVX2 level's repacked kernels run in their AVX-VNNI build (repack_avx2vnni.c):
+ * the CPU has AVX-VNNI (CPUID 7.1 EAX bit 4) and env DITTO_AVXVNNI is not "0" (cached). */
+bool cpu_avx_vnni(void);
 const char *cpu_level_name(enum cpu_level level);
 
 /* The gemm for a type at a level: falls back to the next lower level's kernel (finally

@@ -246,7 +246,7 @@ quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream f
     if (!repack_supported(type)) return NULL;
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_avx512(type, form);
-    case CPU_AVX2: return repack_gemm_avx2(type);
+    case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_avx2vnni(type) : repack_gemm_avx2(type);
     default: return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
     }
 }
@@ -255,7 +255,7 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum c
     if (!repack_supported(type)) return NULL;
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_next_avx512(type, form);
-    case CPU_AVX2: return repack_gemm_next_avx2(type);
+    case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_next_avx2vnni(type) : repack_gemm_next_avx2(type);
     default: return type == QT_Q4_K ? gemm_q4_K_rp_generic_next : gemm_q6_K_rp_generic_next;
     }
 }

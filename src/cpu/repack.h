@@ -72,8 +72,10 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum c
 /* Per-level tables (repack_avx512.c, repack_avx2.c); NULL where the level has no kernel. */
 quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form);
 quant_gemm_fn repack_gemm_avx2(uint32_t type);
+quant_gemm_fn repack_gemm_avx2vnni(uint32_t type); /* the AVX2 kernels on AVX-VNNI: call only where cpu_avx_vnni() */
 repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form);
 repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type);
+repack_gemm_next_fn repack_gemm_next_avx2vnni(uint32_t type);
 
 /* ---- layout constants (shared by repack.c and the SIMD kernels) ---- */
 /* Q4_K: a group is nb consecutive 2304-byte blocks. */

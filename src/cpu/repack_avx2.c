@@ -29,6 +29,11 @@
  * 0.77-0.94x at one token and 0.93-1.24x at six (bench/bench_repack.c, level avx2, Intel host,
  * fourteenth session). */
 #define RP2_PF_DIST 4096
+#ifdef RP_AVXVNNI
+#define RP_NAME(f) f##vnni
+#else
+#define RP_NAME(f) f
+#endif
 #define AI static inline __attribute__((always_inline))
 #define TCH 4   /* tokens per chunk */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
@@ -76,6 +81,26 @@ AI __m256i bytes_to_words(__m256i v, int h) {
     return _mm256_shuffle_epi8(v, idx);
 }
 
+/* A sub-block's sum of products and its scaling, in the build's flavour. Plain AVX2: int16
+ * pair sums (vpmaddubsw) added in int16 lanes, then I + (sc, sc) x (pair) by vpmaddwd. With
+ * RP_AVXVNNI (repack_avx2vnni.c, hosts with AVX-VNNI): int32 lane sums of four products
+ * (vpdpbusd), then I + sc * s by vpmulld. Both are the same exact integers. */
+#ifdef RP_AVXVNNI
+AI __m256i sb_dot(__m256i s, __m256i W, __m256i a) { return _mm256_dpbusd_avx_epi32(s, W, a); }
+/* Per dword: byte n -> int32, zero-extended. */
+AI __m256i sb_scale(__m256i v, int n) {
+    const __m256i idx = _mm256_setr_epi32((int)0x80808000 + n, (int)0x80808004 + n, (int)0x80808008 + n,
+                                          (int)0x8080800c + n, (int)0x80808000 + n, (int)0x80808004 + n,
+                                          (int)0x80808008 + n, (int)0x8080800c + n);
+    return _mm256_shuffle_epi8(v, idx);
+}
+AI __m256i sb_mul_add(__m256i I, __m256i s, __m256i sc) { return _mm256_add_epi32(I, _mm256_mullo_epi32(s, sc)); }
+#else
+AI __m256i sb_dot(__m256i s, __m256i W, __m256i a) { return _mm256_add_epi16(s, _mm256_maddubs_epi16(W, a)); }
+AI __m256i sb_scale(__m256i v, int n) { return byte_to_wpair(v, n); }
+AI __m256i sb_mul_add(__m256i I, __m256i s, __m256i sc) { return _mm256_add_epi32(I, _mm256_madd_epi16(s, sc)); }
+#endif
+
 /* ---- Q4_K (half h = rows 8h .. 8h+7) ---------------------------------------------------------- */
 
 AI __m256i q4k_slo(const uint8_t *B) { return _mm256_and_si256(LD(B + RP_Q4K_SC), _mm256_set1_epi8(0x3f)); }
@@ -121,13 +146,13 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
             const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
             const __m256i W = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                s[t] = _mm256_add_epi16(s[t], _mm256_maddubs_epi16(W, bcast4(y[t]->q + 32 * j + 4 * i)));
+                s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
                 pin(&s[t]); /* the sum in this order: reassociated, GCC kept all 8 products live and spilled */
             }
         }
-        const __m256i sc = byte_to_wpair(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
+        const __m256i sc = sb_scale(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            I[t] = _mm256_add_epi32(I[t], _mm256_madd_epi16(s[t], sc));
+            I[t] = sb_mul_add(I[t], s[t], sc);
             pin(&I[t]);
         }
     }
@@ -157,8 +182,8 @@ AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
             const __m256i ae = bcast4(y->q + 64 * p + 4 * i), ao = bcast4(y->q + 64 * p + 32 + 4 * i);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                 const __m256i Q = LD(B + RP_Q4K_QS + 64 * (8 * p + i) + 32 * h);
-                se[h] = _mm256_add_epi16(se[h], _mm256_maddubs_epi16(_mm256_and_si256(Q, m0f), ae));
-                so[h] = _mm256_add_epi16(so[h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f), ao));
+                se[h] = sb_dot(se[h], _mm256_and_si256(Q, m0f), ae);
+                so[h] = sb_dot(so[h], _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f), ao);
                 pin(&se[h]);
                 pin(&so[h]);
             }
@@ -166,8 +191,8 @@ AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             const uint8_t *Bh = launder(B) + 32 * h; /* scales decoded here, not hoisted and spilled */
             const __m256i sc = p < 2 ? q4k_slo(Bh) : q4k_shi(Bh);
-            I[h] = _mm256_add_epi32(I[h], _mm256_madd_epi16(se[h], byte_to_wpair(sc, (2 * p) & 3)));
-            I[h] = _mm256_add_epi32(I[h], _mm256_madd_epi16(so[h], byte_to_wpair(sc, (2 * p + 1) & 3)));
+            I[h] = sb_mul_add(I[h], se[h], sb_scale(sc, (2 * p) & 3));
+            I[h] = sb_mul_add(I[h], so[h], sb_scale(sc, (2 * p + 1) & 3));
             pin(&I[h]);
         }
     }
@@ -215,22 +240,36 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
                    float *acc) {
     __m256i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
+#ifndef RP_AVXVNNI
     /* per dword m: bytes (4m, 4m+1, 4m, 4m+1) / (4m+2, 4m+3, 4m+2, 4m+3) */
     const __m256i dup0 = _mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0d0c0d0c, 0x01000100, 0x05040504,
                                            0x09080908, 0x0d0c0d0c);
     const __m256i dup1 = _mm256_add_epi8(dup0, _mm256_set1_epi8(2));
+#endif
     _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
         const uint8_t *Bj = launder(B);
         const __m256i pr = q6k_scpair(launder(S) + rp_q6k_s(j >> 1));
+#ifdef RP_AVXVNNI
+        /* sc_j as int32: the high or the low int16 of each dword, sign-extended */
+        const __m256i sc = (j & 1) ? _mm256_srai_epi32(pr, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16);
+        __m256i s[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            const __m256i W = q6k_w(Bj, j, i);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 16 * j + 4 * i));
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = sb_mul_add(I[t], s[t], sc);
+#else
         const __m256i sc = _mm256_shuffle_epi8(pr, (j & 1) ? dup1 : dup0); /* (sc_j, sc_j) */
         _Pragma("GCC unroll 2") for (int i = 0; i < 4; i += 2) {
             const __m256i W0 = q6k_w(Bj, j, i), W1 = q6k_w(Bj, j, i + 1);
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(W0, bcast4(y[t]->q + 16 * j + 4 * i)),
                                                    _mm256_maddubs_epi16(W1, bcast4(y[t]->q + 16 * j + 4 * i + 4)));
-                I[t] = _mm256_add_epi32(I[t], _mm256_madd_epi16(s, sc));
+                I[t] = sb_mul_add(I[t], s, sc);
             }
         }
+#endif
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) pin(&I[t]);
     }
     const __m256 d = ld_f16x8(D);
@@ -316,7 +355,7 @@ static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
 static void gemm_q4_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
 static void gemm_q6_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q6_K, PASS, nx); }
 
-quant_gemm_fn repack_gemm_avx2(uint32_t type) {
+quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_avx2;
@@ -324,7 +363,7 @@ quant_gemm_fn repack_gemm_avx2(uint32_t type) {
     }
 }
 
-repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type) {
+repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_next_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_next_avx2;
