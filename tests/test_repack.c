@@ -1,6 +1,7 @@
 /* test_repack.c — repacked (row-interleaved) Q4_K / Q6_K matrices (src/cpu/repack.c,
  * repack_avx*.c): the repack round-trips, split repacks equal whole ones, and the repacked
- * gemm at every level (generic, avx2, avx512 where the CPU has them) is bitwise equal to the
+ * gemm at every level (generic, avx2 — its plain and, where the CPU has AVX-VNNI, its AVX-VNNI
+ * build — and avx512, where the CPU has them) is bitwise equal to the
  * reference gemm (quant_traits_of(type)->gemm) on the original row-major matrix, with nothing
  * written outside rows [r0, r1) x tokens. */
 #include <math.h>

@@ -14,6 +14,8 @@
  *   Q6_K: 2 weight vectors at a time (4 products per int16 lane, <= 4*63*127 = 32004 < 2^15),
  *         u = q + 32 unsigned; I = sum_j sc_j*s_j - 32 * sum_j sc_j*bsum_j (vpmaddwd on int16
  *         (sc_2p, sc_2p+1) x (bsum_2p, bsum_2p+1) pairs); acc = fma(d*da, (float)I, acc).
+ * With AVX-VNNI (the build in repack_avx2vnni.c, RP_AVXVNNI) each sub-block's products are
+ * summed in int32 lanes by vpdpbusd and scaled by vpmulld instead (sb_dot / sb_mul_add below).
  * int32 bounds as in repack_avx512.c. Blocks ascend: every lane runs the reference's chain.
  * One token (Q4_K) has its own path, q4k_group1: a whole 16-row group per call, both halves at
  * once. Sums that GCC may reassociate are pinned in order (pin): reassociated, it kept a
@@ -171,7 +173,7 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
 /* One token against one whole Q4_K block B (both halves), accumulators a[h] updated: the same
  * integer sums and fp32 chain per lane as q4k_tokens(1, ...) on each half, in another order.
  * Each 32-byte weight vector is loaded once for both of its nibbles (sub-blocks 2p and 2p+1),
- * and each activation broadcast serves both halves; the four int16 sums of a pair run as
+ * and each activation broadcast serves both halves; the four sums of a pair run as
  * independent chains, pinned in order (reassociated, GCC keeps the products live and spills). */
 AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
