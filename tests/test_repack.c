@@ -1,4 +1,4 @@
-/* test_repack.c — repacked (row-interleaved) Q4_K / Q6_K matrices (src/cpu/repack.c,
+/* test_repack.c — repacked (row-interleaved) Q4_K / Q6_K / Q4_0 / Q8_0 matrices (src/cpu/repack.c,
  * repack_avx*.c): the repack round-trips, split repacks equal whole ones, and the repacked
  * gemm at every level (generic, avx2 — its plain and, where the CPU has AVX-VNNI, its AVX-VNNI
  * build — and avx512, where the CPU has them) is bitwise equal to the
@@ -45,12 +45,22 @@ static fp16_t rnd_fp16_scale(int adv) {
 
 /* Random well-formed blocks; adv adds max-quant blocks (every quant bit set, 6-bit scales 63 /
  * int8 scales -128 or 127), zero-scale blocks and extreme fp16 d. */
+static bool is_q32(uint32_t type) { return type == QT_Q4_0 || type == QT_Q8_0; }
+
 static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
     const quant_traits *tr = quant_traits_of(type);
     for (size_t i = 0; i < nbytes; i++) w[i] = (uint8_t)test_rnd();
     const size_t nb = nbytes / tr->bytes;
     for (size_t b = 0; b < nb; b++) {
         uint8_t *blk = w + b * tr->bytes;
+        if (is_q32(type)) { /* adversarially every quant at one end of its range: q - 8 = 7 / -8, q = 127 / -128 */
+            const int kind = adv ? test_rndi(4) : 3;
+            if (kind < 2) memset(blk + 2, kind ? 0xFF : (type == QT_Q8_0 ? 0x80 : 0x00), tr->bytes - 2);
+            if (kind == 2 && type == QT_Q8_0) memset(blk + 2, 0x7F, tr->bytes - 2);
+            const fp16_t d = rnd_fp16_scale(adv);
+            memcpy(blk, &d, 2);
+            continue;
+        }
         if (adv) {
             switch (test_rndi(5)) {
             case 0: memset(blk, 0xFF, tr->bytes); break; /* max quants, max scales */
@@ -98,12 +108,26 @@ static void fill_act_f32(float *x, int k, int adv) {
     }
 }
 
-/* One activation row of k values (QA_Q8_256); adversarially some 256-blocks are made
- * directly: all-zero, or every |q| = 127 (one sign or random signs), with a random d. */
-static void make_act(uint8_t *dst, int k, int adv, float *xf) {
+/* One activation row of k values in format qa; adversarially some blocks are made directly:
+ * all-zero, or every |q| = 127 (one sign or random signs), with a random d. */
+static void make_act(enum quant_act qa, uint8_t *dst, int k, int adv, float *xf) {
     fill_act_f32(xf, k, adv);
-    quant_act_row(QA_Q8_256, xf, dst, k);
+    quant_act_row(qa, xf, dst, k);
     if (!adv) return;
+    if (qa == QA_Q8_32) {
+        block_q8a *b = (block_q8a *)(void *)dst;
+        for (int i = 0; i < k / QK32; i++) {
+            const int kind = test_rndi(6);
+            if (kind >= 3) continue;
+            b[i].s = 0;
+            for (int l = 0; l < QK32; l++) {
+                b[i].q[l] = (int8_t)(kind == 0 ? 0 : kind == 1 ? (test_rndi(2) ? 127 : -127) : (i & 1 ? -127 : 127));
+                b[i].s += b[i].q[l];
+            }
+            b[i].d = kind == 0 ? 0.0f : bits_f32(f32_bits(1.0f) + (uint32_t)test_rndi(1 << 23)) * powf(2.0f, (float)(test_rndi(40) - 20));
+        }
+        return;
+    }
     block_q8k *b = (block_q8k *)(void *)dst;
     for (int i = 0; i < k / QK_K; i++) {
         const int kind = test_rndi(6);
@@ -126,7 +150,7 @@ static int n_cases;
 
 static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, int wadv, int aadv) {
     const quant_traits *tr = quant_traits_of(type);
-    const size_t rb = quant_row_bytes(type, k), ab = quant_act_bytes(QA_Q8_256, k);
+    const size_t rb = quant_row_bytes(type, k), ab = quant_act_bytes(tr->act, k);
     const size_t gb = repack_group_bytes(type, k);
     uint8_t *w = xmalloc(rb * (size_t)R);
     fill_weights(type, w, rb * (size_t)R, wadv);
@@ -138,7 +162,7 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     repack_rows(type, w, rb, R, k, wp, 0, gs);
     float *xf = xmalloc((size_t)k * 4);
     uint8_t *a = xmalloc(ab * (size_t)n_tok);
-    for (int t = 0; t < n_tok; t++) make_act(a + (size_t)t * ab, k, aadv, xf);
+    for (int t = 0; t < n_tok; t++) make_act(tr->act, a + (size_t)t * ab, k, aadv, xf);
     const size_t stride = (size_t)ng * 16 + 3;
     const size_t on = stride * (size_t)n_tok;
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
@@ -201,11 +225,14 @@ static void rnd_range(int R, int *r0, int *r1) {
     }
 }
 
-static const int KS[] = {256, 512, 768, 1280, 2048, 4096};
+/* Row lengths: K-quants, and the 32-block types (odd block counts among them). */
+static const int KS_K[] = {256, 512, 768, 1280, 2048, 4096};
+static const int KS_32[] = {32, 96, 480, 768, 2080, 4096};
 #define NK 6
 
 static void test_gemm(uint32_t type) {
     const int before = test_failed, c0 = n_cases;
+    const int *const KS = is_q32(type) ? KS_32 : KS_K;
     /* every row count 1..70 (twice), random range, k and token count */
     for (int R = 1; R <= 70; R++)
         for (int rep = 0; rep < 2; rep++) {
@@ -241,7 +268,8 @@ static void test_gemm(uint32_t type) {
     /* rows long enough that the kernels take fewer than 64 tokens per pass (nb = 64, 96) */
     gemm_case(type, 20, 0, 20, 40, 16384, 1, 1);
     gemm_case(type, 33, 16, 33, 70, 24576, 0, 1);
-    /* rows too long for the Q4_K kernels' stack of pair sums (nb = 2049: made per block instead) */
+    /* rows too long for the Q4_K kernels' stack of pair sums (nb = 2049: made per block instead;
+     * 16392 blocks of 32) */
     gemm_case(type, 20, 0, 20, 3, 2049 * QK_K, 1, 0);
     /* balanced data, every token count 1..9 */
     g_balanced = 1;
@@ -268,13 +296,17 @@ static void test_gemm(uint32_t type) {
  * a misaligned repacked matrix gives the same results. */
 static void test_layout(uint32_t type) {
     const quant_traits *tr = quant_traits_of(type);
-    const int R = 37, k = 768, nb = k / QK_K;
+    const int R = 37, k = is_q32(type) ? 736 : 768, nb = k / (int)tr->blck; /* odd nb: 23 and 3 */
     const size_t rb = quant_row_bytes(type, k), gb = repack_group_bytes(type, k);
     CHECK(gb % 64 == 0, "%s group bytes %zu multiple of 64", tr->name, gb);
     CHECK(repack_bytes(type, R, k) == 3 * gb, "%s repack_bytes", tr->name);
     if (type == QT_Q4_K) CHECK(gb == 16 * rb, "Q4_K repacked group = 16 rows exactly (%zu vs %zu)", gb, 16 * rb);
-    else CHECK(gb == 16 * rb + 32, "Q6_K repacked group (odd nb) = 16 rows + 32 B (%zu vs %zu)", gb, 16 * rb);
+    else if (type == QT_Q6_K) CHECK(gb == 16 * rb + 32, "Q6_K repacked group (odd nb) = 16 rows + 32 B (%zu vs %zu)", gb, 16 * rb);
+    else CHECK(gb == 16 * (rb + tr->bytes), "%s repacked group (odd nb) = 16 rows + a block each (%zu vs %zu)", tr->name, gb, 16 * rb);
     CHECK(repack_group_bytes(QT_Q6_K, 2048) == 16 * quant_row_bytes(QT_Q6_K, 2048), "Q6_K even nb: no overhead");
+    CHECK(repack_group_bytes(QT_Q4_0, 2048) == 16 * quant_row_bytes(QT_Q4_0, 2048) &&
+              repack_group_bytes(QT_Q8_0, 64) == 16 * quant_row_bytes(QT_Q8_0, 64),
+          "Q4_0 / Q8_0 even nb: no overhead");
     uint8_t *w = xmalloc(rb * R);
     fill_weights(type, w, rb * R, 1);
     const size_t tot = repack_bytes(type, R, k);
@@ -303,10 +335,10 @@ static void test_layout(uint32_t type) {
     /* unaligned copy of the repacked matrix */
     uint8_t *wu = xmalloc(tot + 8);
     memcpy(wu + 4, wp, tot);
-    const size_t ab = quant_act_bytes(QA_Q8_256, k);
+    const size_t ab = quant_act_bytes(tr->act, k);
     float xf[768];
     uint8_t *a = xmalloc(ab * 3);
-    for (int t = 0; t < 3; t++) make_act(a + t * ab, k, 1, xf);
+    for (int t = 0; t < 3; t++) make_act(tr->act, a + t * ab, k, 1, xf);
     float ref[3 * 40], got[3 * 40];
     tr->gemm(w, rb, 0, R, k, a, ab, 3, ref, 40);
     for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
@@ -320,13 +352,24 @@ static void test_layout(uint32_t type) {
 }
 
 static void test_api(void) {
-    CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q6_K), "Q4_K, Q6_K supported");
-    CHECK(!repack_supported(QT_Q4_0) && !repack_supported(QT_F32) && !repack_supported(QT_Q5_K), "others not");
+    CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q6_K) && repack_supported(QT_Q4_0) &&
+              repack_supported(QT_Q8_0),
+          "Q4_K, Q6_K, Q4_0, Q8_0 supported");
+    CHECK(!repack_supported(QT_Q4_1) && !repack_supported(QT_Q5_0) && !repack_supported(QT_F32) &&
+              !repack_supported(QT_Q5_K),
+          "others not");
     const enum cpu_stream NF = CPU_STREAM_NEAR_FAR, L1 = CPU_STREAM_TWO_L1;
-    CHECK(repack_gemm(QT_Q4_0, CPU_AVX512, NF) == NULL, "no gemm for an unsupported type");
+    CHECK(repack_gemm(QT_Q5_0, CPU_AVX512, NF) == NULL, "no gemm for an unsupported type");
+    static const uint32_t TYPES[] = {QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_Q8_0};
     for (int lv = CPU_GENERIC; lv <= CPU_AVX512; lv++)
-        CHECK(repack_gemm(QT_Q4_K, (enum cpu_level)lv, NF) && repack_gemm(QT_Q6_K, (enum cpu_level)lv, NF),
-              "a kernel at every level");
+        for (int i = 0; i < 4; i++)
+            CHECK(repack_gemm(TYPES[i], (enum cpu_level)lv, NF) && repack_gemm_next(TYPES[i], (enum cpu_level)lv, NF),
+                  "a %s kernel at level %s", quant_traits_of(TYPES[i])->name, cpu_level_name((enum cpu_level)lv));
+    /* each level at or below the hardware's runs its own kernels, not a lower level's */
+    for (int i = 0; i < 4; i++)
+        for (int lv = CPU_AVX2; lv <= (int)g_max; lv++)
+            CHECK(repack_gemm(TYPES[i], (enum cpu_level)lv, NF) != repack_gemm(TYPES[i], (enum cpu_level)(lv - 1), NF),
+                  "%s: level %s has its own kernel", quant_traits_of(TYPES[i])->name, cpu_level_name((enum cpu_level)lv));
     CHECK(repack_bytes(QT_Q4_K, 0, 256) == 0 && repack_bytes(QT_Q4_K, 17, 256) == 2 * 16 * 144, "repack_bytes");
     /* the best level really dispatches to its own kernels */
     if (g_max >= CPU_AVX512)
@@ -385,8 +428,12 @@ int main(void) {
     test_api();
     test_layout(QT_Q4_K);
     test_layout(QT_Q6_K);
+    test_layout(QT_Q4_0);
+    test_layout(QT_Q8_0);
     test_gemm(QT_Q4_K);
     test_gemm(QT_Q6_K);
+    test_gemm(QT_Q4_0);
+    test_gemm(QT_Q8_0);
     printf("  %d gemm cases x %d levels (and %d stream forms at avx512) in %.1f s\n", n_cases, (int)g_max + 1,
            CPU_STREAM_COUNT, time_now() - t0);
     return test_summary();

@@ -1,4 +1,4 @@
-/* repack.c — the repacked (row-interleaved) layouts of Q4_K and Q6_K, the repack itself, a
+/* repack.c — the repacked (row-interleaved) layouts of Q4_K, Q6_K, Q4_0 and Q8_0, the repack itself, a
  * scalar kernel on the repacked layout (bitwise equal to the reference in quant.c) and the
  * per-level dispatch. See repack.h. */
 #include "cpu/repack.h"
@@ -58,14 +58,37 @@
  * Both are the original per-row byte arrays interleaved 4 bytes at a time across 16 rows, so
  * the repacked matrix has the original size (Q6_K with odd nb: + 32 header bytes per group);
  * the padding rows of the last group are zero (d = 0, quants 0) and their outputs are never
- * stored. The repacked bytes are a function of the source alone (padding always zeroed). */
+ * stored. The repacked bytes are a function of the source alone (padding always zeroed).
+ *
+ * Q4_0 / Q8_0 (32-weight blocks, nb = k/32) — group g = ceil(nb/2) units, each two blocks
+ * (2u, 2u+1) of the 16 rows; unit u at g*group_bytes + u*U:
+ *
+ *   Q4_0, U = 576 B (9 lines):                  Q8_0, U = 1088 B (17 lines):
+ *   +0    d[16] of block 2u     fp16 (32 B)     +0    d[16] of block 2u     (32 B)
+ *   +32   d[16] of block 2u+1   fp16 (32 B)     +32   d[16] of block 2u+1   (32 B)
+ *   +64   V[0..3] of block 2u   (256 B)         +64   V[0..7] of block 2u   (512 B)
+ *   +320  V[0..3] of block 2u+1 (256 B)         +576  V[0..7] of block 2u+1 (512 B)
+ *
+ *          V[v] lane r = qs_r[4v .. 4v+3] of that block (dword vectors as above):
+ *          Q4_0: V[v] & 0x0F = weights 4v .. 4v+3, V[v] >> 4 = weights 16 + 4v .. +3 (q, 0..15;
+ *                w = d * (q - 8));
+ *          Q8_0: V[v] = int8 weights 4v .. 4v+3 as stored (w = d * q).
+ *
+ * With nb odd the last unit's second block is zero and no kernel reads it. */
 
-bool repack_supported(uint32_t type) { return type == QT_Q4_K || type == QT_Q6_K; }
+bool repack_supported(uint32_t type) {
+    return type == QT_Q4_K || type == QT_Q6_K || type == QT_Q4_0 || type == QT_Q8_0;
+}
+
+/* Weights per block of a supported type. */
+static int rp_qk(uint32_t type) { return type == QT_Q4_0 || type == QT_Q8_0 ? QK32 : QK_K; }
 
 size_t repack_group_bytes(uint32_t type, int k) {
-    DT_ASSERT(repack_supported(type) && k > 0 && k % QK_K == 0);
-    const int nb = k / QK_K;
+    DT_ASSERT(repack_supported(type) && k > 0 && k % rp_qk(type) == 0);
+    const int nb = k / rp_qk(type);
     if (type == QT_Q4_K) return (size_t)nb * RP_Q4K_BLOCK;
+    if (type == QT_Q4_0) return (size_t)((nb + 1) / 2) * RP_Q40_UNIT;
+    if (type == QT_Q8_0) return (size_t)((nb + 1) / 2) * RP_Q80_UNIT;
     return rp_q6k_header(nb) + (size_t)nb * RP_Q6K_BLOCK;
 }
 
@@ -93,20 +116,30 @@ static inline void get_q6k(block_q6_K *x, const uint8_t *B, int r) {
 
 void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
                  int g0, int g1) {
-    DT_ASSERT(repack_supported(type) && k % QK_K == 0 && g0 >= 0 && g0 <= g1);
+    DT_ASSERT(repack_supported(type) && k % rp_qk(type) == 0 && g0 >= 0 && g0 <= g1);
     DT_ASSERT((size_t)g1 * REPACK_ROWS <= (size_t)rows + REPACK_ROWS - 1);
-    const int nb = k / QK_K;
+    const int nb = k / rp_qk(type);
     const size_t gb = repack_group_bytes(type, k);
     for (int g = g0; g < g1; g++) {
         uint8_t *G = (uint8_t *)dst + (size_t)g * gb;
-        if ((g + 1) * REPACK_ROWS > rows) memset(G, 0, gb); /* padding rows: zero blocks */
+        if ((g + 1) * REPACK_ROWS > rows || (nb & 1 && rp_qk(type) == QK32)) memset(G, 0, gb); /* padding rows, the odd last block */
         else if (type == QT_Q6_K) memset(G, 0, rp_q6k_header(nb)); /* the header's padding */
         for (int r = 0; r < REPACK_ROWS; r++) {
             const int row = g * REPACK_ROWS + r;
             if (row >= rows) break;
             const uint8_t *s = (const uint8_t *)src + (size_t)row * row_bytes;
             for (int b = 0; b < nb; b++) {
-                if (type == QT_Q4_K) {
+                if (type == QT_Q4_0) {
+                    const block_q4_0 *x = (const block_q4_0 *)(const void *)s + b;
+                    uint8_t *U = G + (size_t)(b >> 1) * RP_Q40_UNIT;
+                    memcpy(U + 32 * (b & 1) + 2 * r, &x->d, 2);
+                    put_lanes(U + rp_q32_v(type, b & 1), r, x->qs, 4);
+                } else if (type == QT_Q8_0) {
+                    const block_q8_0 *x = (const block_q8_0 *)(const void *)s + b;
+                    uint8_t *U = G + (size_t)(b >> 1) * RP_Q80_UNIT;
+                    memcpy(U + 32 * (b & 1) + 2 * r, &x->d, 2);
+                    put_lanes(U + rp_q32_v(type, b & 1), r, (const uint8_t *)x->qs, 8);
+                } else if (type == QT_Q4_K) {
                     const block_q4_K *x = (const block_q4_K *)(const void *)s + b;
                     uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
                     memcpy(B + RP_Q4K_D + 2 * r, &x->d, 2);
@@ -127,10 +160,14 @@ void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int
 
 void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, int row, int b,
                       void *blk) {
-    DT_ASSERT(repack_supported(type) && k % QK_K == 0 && row >= 0 && b >= 0 && b < k / QK_K);
-    const int nb = k / QK_K, r = row % REPACK_ROWS;
+    DT_ASSERT(repack_supported(type) && k % rp_qk(type) == 0 && row >= 0 && b >= 0 && b < k / rp_qk(type));
+    const int nb = k / rp_qk(type), r = row % REPACK_ROWS;
     const uint8_t *G = (const uint8_t *)wp + (size_t)(row / REPACK_ROWS) * group_bytes;
-    if (type == QT_Q4_K) {
+    if (type == QT_Q4_0 || type == QT_Q8_0) {
+        const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type);
+        memcpy(blk, U + 32 * (b & 1) + 2 * r, 2); /* d first in both block formats */
+        get_lanes((uint8_t *)blk + 2, U + rp_q32_v(type, b & 1), r, type == QT_Q4_0 ? 4 : 8);
+    } else if (type == QT_Q4_K) {
         block_q4_K *x = blk;
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         memcpy(&x->d, B + RP_Q4K_D + 2 * r, 2);
@@ -207,18 +244,39 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
     return acc;
 }
 
+/* Q4_0 / Q8_0: I = sum (q - 8) * a, or sum q * a, then the reference's chain (quant.c dot_q4_0,
+ * dot_q8_0). */
+static float dot_q32_rp(const uint32_t type, const uint8_t *G, int r, const block_q8a *y, int nb) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++, y++) {
+        const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type), *V = U + rp_q32_v(type, b & 1);
+        fp16_t d;
+        memcpy(&d, U + 32 * (b & 1) + 2 * r, 2);
+        int32_t I = 0;
+        for (int l = 0; l < QK32; l++) {
+            const int q = type == QT_Q8_0 ? (int8_t)lane_byte(V, r, l)
+                                          : (l < 16 ? lane_byte(V, r, l) & 0xF : lane_byte(V, r, l - 16) >> 4) - 8;
+            I += q * y->q[l];
+        }
+        acc = fmaf(fp16_to_f32(d) * y->d, (float)I, acc);
+    }
+    return acc;
+}
+static float dot_q4_0_rp(const uint8_t *G, int r, const block_q8a *y, int nb) { return dot_q32_rp(QT_Q4_0, G, r, y, nb); }
+static float dot_q8_0_rp(const uint8_t *G, int r, const block_q8a *y, int nb) { return dot_q32_rp(QT_Q8_0, G, r, y, nb); }
+
 /* NAME: the generic gemm; NAME##_next: the same with repack_gemm_next's signature (the generic
  * kernels do not prefetch: nx is only a hint). */
-#define RP_GEMM_GENERIC(NAME, DOT)                                                                 \
+#define RP_GEMM_GENERIC(NAME, DOT, QK, ACT)                                                        \
     static void NAME(const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,    \
                      size_t act_bytes, int n_tok, float *out, size_t out_stride) {                 \
-        const int nb = k / QK_K;                                                                   \
+        const int nb = k / QK;                                                                     \
         for (int t = 0; t < n_tok; t++)                                                            \
             for (int r = r0; r < r1; r++)                                                          \
                 out[(size_t)t * out_stride + (size_t)r] =                                          \
                     DOT((const uint8_t *)w + (size_t)(r / REPACK_ROWS) * group_bytes,              \
                         r % REPACK_ROWS,                                                           \
-                        (const block_q8k *)(const void *)((const uint8_t *)act +                   \
+                        (const ACT *)(const void *)((const uint8_t *)act +                         \
                                                           (size_t)t * act_bytes),                  \
                         nb);                                                                       \
     }                                                                                              \
@@ -229,8 +287,23 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
         NAME(w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride);                   \
     }
 
-RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp)
-RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp)
+RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp, QK_K, block_q8k)
+RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp, QK_K, block_q8k)
+RP_GEMM_GENERIC(gemm_q4_0_rp_generic, dot_q4_0_rp, QK32, block_q8a)
+RP_GEMM_GENERIC(gemm_q8_0_rp_generic, dot_q8_0_rp, QK32, block_q8a)
+
+static quant_gemm_fn rp_generic(uint32_t type) {
+    return type == QT_Q4_K   ? gemm_q4_K_rp_generic
+           : type == QT_Q6_K ? gemm_q6_K_rp_generic
+           : type == QT_Q4_0 ? gemm_q4_0_rp_generic
+                             : gemm_q8_0_rp_generic;
+}
+static repack_gemm_next_fn rp_generic_next(uint32_t type) {
+    return type == QT_Q4_K   ? gemm_q4_K_rp_generic_next
+           : type == QT_Q6_K ? gemm_q6_K_rp_generic_next
+           : type == QT_Q4_0 ? gemm_q4_0_rp_generic_next
+                             : gemm_q8_0_rp_generic_next;
+}
 
 /* The level whose kernel runs for (type, level): the highest at or below both `level` and
  * the hardware's that has one; the generic kernel always exists. */
@@ -247,7 +320,7 @@ quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream f
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_avx512(type, form);
     case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_avx2vnni(type) : repack_gemm_avx2(type);
-    default: return type == QT_Q4_K ? gemm_q4_K_rp_generic : gemm_q6_K_rp_generic;
+    default: return rp_generic(type);
     }
 }
 
@@ -256,6 +329,6 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum c
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_next_avx512(type, form);
     case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_next_avx2vnni(type) : repack_gemm_next_avx2(type);
-    default: return type == QT_Q4_K ? gemm_q4_K_rp_generic_next : gemm_q6_K_rp_generic_next;
+    default: return rp_generic_next(type);
     }
 }

@@ -1,4 +1,5 @@
-/* repack.h — row-interleaved ("repacked") Q4_K / Q6_K weight matrices and their gemm kernels.
+/* repack.h — row-interleaved ("repacked") Q4_K / Q6_K / Q4_0 / Q8_0 weight matrices and their
+ * gemm kernels.
  *
  * A repacked matrix groups 16 consecutive rows (a row group; the last group is padded with
  * zero rows) and stores, for each block index b in ascending order, the 16 rows' block b
@@ -14,8 +15,9 @@
  * integer block sums are exact, and each lane runs the reference's fp32 chain over blocks
  * in ascending order. tests/test_repack.c proves it.
  *
- * Repacked data is as large as the original (Q4_K: exactly; Q6_K: plus 32 bytes per group
- * when k/256 is odd) plus the zero padding rows of the last group. */
+ * Repacked data is as large as the original (Q4_K, and Q4_0 / Q8_0 with k/32 even: exactly;
+ * Q6_K: plus 32 bytes per group when k/256 is odd; Q4_0 / Q8_0 with k/32 odd: plus one zero
+ * block per row) plus the zero padding rows of the last group. */
 #ifndef DITTO_REPACK_H
 #define DITTO_REPACK_H
 
@@ -28,9 +30,10 @@
 
 #define REPACK_ROWS 16 /* rows per group */
 
-/* Q4_K, Q6_K. */
+/* Q4_K, Q6_K, Q4_0, Q8_0. */
 bool repack_supported(uint32_t type);
-/* Bytes of one 16-row group for row length k (a multiple of 256). Multiple of 64. */
+/* Bytes of one 16-row group for row length k (a multiple of the type's block: 256 or 32).
+ * Multiple of 64. */
 size_t repack_group_bytes(uint32_t type, int k);
 /* Bytes of the whole repacked matrix: ceil(rows/16) groups. */
 size_t repack_bytes(uint32_t type, int rows, int k);
@@ -41,7 +44,7 @@ size_t repack_bytes(uint32_t type, int rows, int k);
 void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
                  int g0, int g1);
 /* Copies weight block b of row `row` back out of a repacked matrix, in the original
- * block format (block_q4_K / block_q6_K) — the inverse of repack_rows. */
+ * block format (block_q4_K / block_q6_K / block_q4_0 / block_q8_0) — the inverse of repack_rows. */
 void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, int row, int b,
                       void *blk);
 
@@ -51,7 +54,7 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * of 16, r1 > r0 anything (normally a multiple of 16 or the true row count): rows [r0, r1)
  * are stored at out[t*out_stride + r], nothing else is written (rows of the last, partial
  * group beyond r1 are computed but not stored). Activations as for the reference
- * (quant_act_row / cpu_quant_act_row, QA_Q8_256). Bitwise equal to the reference gemm.
+ * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for Q4_K / Q6_K, QA_Q8_32 for Q4_0 / Q8_0). Bitwise equal to the reference gemm.
  * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
  * kernel) falls back to the next lower one; the generic kernel always exists. form: how the
  * AVX-512 one-token kernel streams the matrix (the other levels ignore it; same results). NULL
@@ -95,5 +98,12 @@ static inline size_t rp_q6k_h(int v) { return 64 * (size_t)(26 * (v >> 3) + 3 * 
 static inline size_t rp_q6k_s(int p) { return 64 * (size_t)(26 * (p >> 2) + 24) + 32 * (size_t)(p & 3); }
 static inline size_t rp_q6k_sc(int j, int r) { return rp_q6k_s(j >> 1) + 2 * (size_t)r + (size_t)(j & 1); }
 static inline size_t rp_q6k_header(int nb) { return ((size_t)nb * 32 + 63) & ~(size_t)63; }
+/* Q4_0 / Q8_0: a group is ceil(nb/2) units of two 32-weight blocks: d[16] of each (fp16,
+ * 64 B), then each block's weight vectors (Q4_0: 4, Q8_0: 8). */
+#define RP_Q40_UNIT 576
+#define RP_Q80_UNIT 1088
+static inline size_t rp_q32_unit(uint32_t type) { return type == QT_Q4_0 ? RP_Q40_UNIT : RP_Q80_UNIT; }
+/* Offset in a unit of block h's (0, 1) first weight vector. */
+static inline size_t rp_q32_v(uint32_t type, int h) { return 64 + (size_t)h * (type == QT_Q4_0 ? 256 : 512); }
 
 #endif

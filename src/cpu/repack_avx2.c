@@ -351,7 +351,156 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     }
 }
 
+/* ---- Q4_0 / Q8_0 (half x = rows 8x .. 8x+7) ----------------------------------------------------
+ * Per block, token and half, the exact I = sum (q - 8)*a (Q4_0) or sum q*a (Q8_0), then
+ * acc = fma(d*da, (float)I, acc), blocks ascending (quant.c dot_q4_0 / dot_q8_0):
+ *   AVX-VNNI build: as repack_avx512.c, vpdpbusd on u = q (Q4_0) or q ^ 0x80 (Q8_0) into int32
+ *     lanes that start at -off*s (off = 8 / 128, s the activation block's sum).
+ *   Plain build: Q4_0 by vpmaddubsw (nibble x a, |pair| <= 2*15*127 = 3810) summed in int16 lanes
+ *     (8 vectors: <= 30480 < 2^15), widened by vpmaddwd with ones, minus 8*s; Q8_0 by vpmaddubsw on
+ *     (|q|, sign(a, q)) (|pair| <= 2*128*127 = 32512 < 2^15), each vector widened to int32 at once.
+ * One token keeps two partial sums per block (low / high nibbles; even / odd vectors). */
+AI __m256i q32_init(const int q4, int32_t sa) {
+#ifdef RP_AVXVNNI
+    return _mm256_set1_epi32(-(q4 ? 8 : 128) * sa);
+#else
+    (void)q4, (void)sa;
+    return _mm256_setzero_si256();
+#endif
+}
+/* s + the products of weight vector W (prepared by q32_prep) and Q (as loaded) with activations a. */
+AI __m256i q32_prep(const int q4, __m256i Q) {
+    if (q4) return Q; /* nibbles are masked by the caller */
+#ifdef RP_AVXVNNI
+    return _mm256_xor_si256(Q, _mm256_set1_epi8((char)0x80));
+#else
+    return _mm256_abs_epi8(Q);
+#endif
+}
+AI __m256i q32_dot(const int q4, __m256i s, __m256i W, __m256i Q, __m256i a) {
+#ifdef RP_AVXVNNI
+    (void)q4, (void)Q;
+    return _mm256_dpbusd_avx_epi32(s, W, a);
+#else
+    if (q4) return _mm256_add_epi16(s, _mm256_maddubs_epi16(W, a));
+    return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(W, _mm256_sign_epi8(a, Q)), _mm256_set1_epi16(1)));
+#endif
+}
+/* I of the block from its partial sums s0, s1. */
+AI __m256i q32_fin(const int q4, __m256i s0, __m256i s1, int32_t sa) {
+#ifndef RP_AVXVNNI
+    if (q4)
+        return _mm256_sub_epi32(_mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1)), _mm256_set1_epi32(8 * sa));
+#endif
+    (void)q4, (void)sa;
+    return _mm256_add_epi32(s0, s1);
+}
+
+/* T tokens against unit U (blocks 2u and, if `two`, 2u+1), both halves: y[t] token t's block 2u,
+ * a[x*T + t] the accumulators of half x. */
+AI void q32_unit(const int type, const int T, const uint8_t *U, const int two, const block_q8a *const *y, __m256 *a) {
+    const int q4 = type == QT_Q4_0, nv = q4 ? 4 : 8, np = T == 1 ? 2 : 1;
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        if (h && !two) break;
+        _Pragma("GCC unroll 2") for (int x = 0; x < 2; x++) {
+            const uint8_t *V = launder(U) + rp_q32_v((uint32_t)type, h) + 32 * x;
+            __m256i s[TCH][2];
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                s[t][0] = q32_init(q4, y[t][h].s);
+                s[t][1] = _mm256_setzero_si256();
+            }
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
+                const __m256i Q = LD(V + 64 * v);
+                if (q4) {
+                    const __m256i lo = _mm256_and_si256(Q, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        s[t][0] = q32_dot(1, s[t][0], lo, Q, bcast4(y[t][h].q + 4 * v));
+                        s[t][np - 1] = q32_dot(1, s[t][np - 1], hi, Q, bcast4(y[t][h].q + 16 + 4 * v));
+                        pin(&s[t][0]);
+                    }
+                } else {
+                    const __m256i W = q32_prep(0, Q);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        s[t][v % np] = q32_dot(0, s[t][v % np], W, Q, bcast4(y[t][h].q + 4 * v));
+                        pin(&s[t][v % np]);
+                    }
+                }
+            }
+            const __m256 d = ld_f16x8(U + 32 * h + 16 * x);
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                a[x * T + t] = chain(a[x * T + t], d, y[t][h].d, q32_fin(q4, s[t][0], s[t][1], y[t][h].s));
+        }
+    }
+}
+
+/* T tokens (y[t]: token t's activation row) against one 16-row group, every unit; acc: out,
+ * [t][16]. pf: request the weights (a chunk's first pass over the group). */
+AI void q32_group(const int type, const int T, const uint8_t *G, int nb, const block_q8a *const *y, float *acc,
+                  const uint8_t *end, const cpu_next *nx, const bool pf) {
+    const size_t ub = rp_q32_unit((uint32_t)type);
+    __m256 a[2 * TCH];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 2 * T; i++) a[i] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        const uint8_t *U = G + (size_t)(b / 2) * ub;
+        if (pf) {
+            cpu_prefetch_tier(U, ub, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+            if (T == 1) cpu_prefetch_again(U, ub, end);
+        }
+        const block_q8a *yb[TCH];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) yb[t] = y[t] + b;
+        q32_unit(type, T, U, b + 1 < nb, yb, a);
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+        _mm256_store_ps(acc + 16 * t, a[t]);
+        _mm256_store_ps(acc + 16 * t + 8, a[T + t]);
+    }
+}
+
+typedef void (*q32_fn)(const uint8_t *G, int nb, const block_q8a *const *y, float *acc, const uint8_t *end,
+                       const cpu_next *nx, bool pf);
+#define DEF_Q32(NAME, TYPE, T)                                                                                  \
+    static __attribute__((noinline)) void NAME(const uint8_t *G, int nb, const block_q8a *const *y, float *acc, \
+                                               const uint8_t *end, const cpu_next *nx, bool pf) {              \
+        q32_group(TYPE, T, G, nb, y, acc, end, nx, pf);                                                         \
+    }
+DEF_Q32(q40_t1, QT_Q4_0, 1)
+DEF_Q32(q40_t2, QT_Q4_0, 2)
+DEF_Q32(q40_t3, QT_Q4_0, 3)
+DEF_Q32(q40_t4, QT_Q4_0, 4)
+DEF_Q32(q80_t1, QT_Q8_0, 1)
+DEF_Q32(q80_t2, QT_Q8_0, 2)
+DEF_Q32(q80_t3, QT_Q8_0, 3)
+DEF_Q32(q80_t4, QT_Q8_0, 4)
+static const q32_fn q32_table[2][TCH + 1] = {
+    {NULL, q40_t1, q40_t2, q40_t3, q40_t4},
+    {NULL, q80_t1, q80_t2, q80_t3, q80_t4},
+};
+
+static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
+    DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
+    const int nb = k / QK32, g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
+    const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
+    float acc[TCH * 16] __attribute__((aligned(32)));
+    const block_q8a *y[TCH];
+    for (int g = g0; g < g1; g++) {
+        const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
+        for (int tc = 0; tc < n_tok; tc += TCH) {
+            const int n = DT_MIN(TCH, n_tok - tc);
+            for (int t = 0; t < n; t++)
+                y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
+            q32_table[type == QT_Q8_0][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
+            for (int t = 0; t < n; t++)
+                memcpy(out + (size_t)(tc + t) * out_stride + (size_t)g * REPACK_ROWS, acc + 16 * t, sizeof(float) * (size_t)nr);
+        }
+    }
+}
+
 #define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
+static void gemm_q4_0_rp_avx2(GEMM_ARGS) { gemm_q32(QT_Q4_0, PASS, NULL); }
+static void gemm_q8_0_rp_avx2(GEMM_ARGS) { gemm_q32(QT_Q8_0, PASS, NULL); }
+static void gemm_q4_0_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_Q4_0, PASS, nx); }
+static void gemm_q8_0_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_Q8_0, PASS, nx); }
 static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
 static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
 static void gemm_q4_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
@@ -361,6 +510,8 @@ quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_avx2;
+    case QT_Q4_0: return gemm_q4_0_rp_avx2;
+    case QT_Q8_0: return gemm_q8_0_rp_avx2;
     default: return NULL;
     }
 }
@@ -369,6 +520,8 @@ repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_next_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_next_avx2;
+    case QT_Q4_0: return gemm_q4_0_rp_next_avx2;
+    case QT_Q8_0: return gemm_q8_0_rp_next_avx2;
     default: return NULL;
     }
 }

@@ -588,10 +588,165 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
     }
 }
 
+/* ---- Q4_0 / Q8_0 ----------------------------------------------------------------------------
+ * Per block and token, in int32 lanes: I = sum u*a - off*s with u the unsigned quant vpdpbusd
+ * takes (Q4_0: the nibble q, off = 8; Q8_0: q ^ 0x80 = q + 128, off = 128) and s the activation
+ * block's sum, so I = sum (q - 8)*a or sum q*a exactly (|sum u*a| <= 32*255*127 = 1.04e6);
+ * then acc = fma(d*da, (float)I, acc), blocks ascending: the reference's chain (quant.c
+ * dot_q4_0 / dot_q8_0). Two partial sums per block (low and high nibbles; even and odd vectors)
+ * halve the vpdpbusd dependency chain. A call runs whole 16-row groups: for up to 8 tokens
+ * (a chunk) and S groups in lockstep (S = 2: the one-token CPU_STREAM_TWO_L1 form) the
+ * accumulators stay in registers over the group's units; a chunk after the first finds the
+ * group in L1/L2. */
+
+/* T tokens x S groups against unit u of each group (blocks 2u and, if two, 2u+1): U[s] the
+ * unit of group s, y[t] token t's block 2u, a[s*T + t] the accumulators. With `spread` the
+ * unit's lines get form f's requests beside their loads. */
+AI void q32_unit(const int type, const int T, const int S, const uint8_t *const *U, const int two,
+                 const block_q8a *const *y, __m512 *a, const bool spread, const int f) {
+    const int q4 = type == QT_Q4_0, nv = q4 ? 4 : 8, off = q4 ? 8 : 128;
+    const __m512i m0f = in_reg(_mm512_set1_epi8(q4 ? 0x0f : (char)0x80));
+    if (spread) _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) pf_lines(U[s], 0, 1, f);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        if (h && !two) break;
+        _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) {
+            const uint8_t *V = U[s] + rp_q32_v((uint32_t)type, h);
+            __m512i s0[TCH], s1[TCH];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                s0[t] = _mm512_set1_epi32(-off * y[t][h].s);
+                s1[t] = _mm512_setzero_si512();
+            }
+            _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
+                if (spread) pf_lines(V, v, 1, f);
+                const __m512i Q = in_reg(LD(V + 64 * v));
+                if (q4) {
+                    const __m512i lo = _mm512_and_si512(Q, m0f);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f);
+                    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                        s0[t] = dp_bcast(s0[t], lo, y[t][h].q + 4 * v);
+                        s1[t] = dp_bcast(s1[t], hi, y[t][h].q + 16 + 4 * v);
+                    }
+                } else {
+                    const __m512i W = _mm512_xor_si512(Q, m0f);
+                    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                        if (v & 1) s1[t] = dp_bcast(s1[t], W, y[t][h].q + 4 * v);
+                        else s0[t] = dp_bcast(s0[t], W, y[t][h].q + 4 * v);
+                    }
+                }
+            }
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(U[s] + 32 * h)));
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                a[s * T + t] = chain(a[s * T + t], d, y[t][h].d, _mm512_add_epi32(s0[t], s1[t]));
+        }
+    }
+}
+
+/* T tokens (y[t]: token t's activation row) x S groups G[s] (each with its stream's end[s] and
+ * continuation nx[s]), every unit; acc: out, [s][t][16]. pf: request the weights (a chunk's
+ * first pass over the groups). */
+AI void q32_groups(const int type, const int T, const int S, const uint8_t *const *G, int nb, const block_q8a *const *y,
+                   float *acc, const uint8_t *const *end, const cpu_next *const *nx, const int f, const bool pf) {
+    const size_t ub = rp_q32_unit((uint32_t)type);
+    __m512 a[2 * TCH];
+    _Pragma("GCC unroll 16") for (int i = 0; i < S * T; i++) a[i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        const uint8_t *U[2];
+        bool spread = pf;
+        _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) {
+            U[s] = G[s] + (size_t)(b / 2) * ub;
+            if (pf && U[s] + CPU_FORM_SPAN(f) + ub > end[s]) {
+                spread = false;
+                cpu_prefetch_ahead_form(U[s], ub, end[s], nx[s], f);
+            }
+        }
+        const block_q8a *yb[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) yb[t] = y[t] + b;
+        q32_unit(type, T, S, U, b + 1 < nb, yb, a, spread, f);
+    }
+    _Pragma("GCC unroll 16") for (int i = 0; i < S * T; i++) _mm512_store_ps(acc + 16 * i, a[i]);
+}
+
+typedef void (*q32_fn)(const uint8_t *const *G, int nb, const block_q8a *const *y, float *acc,
+                       const uint8_t *const *end, const cpu_next *const *nx, bool pf);
+#define DEF_Q32(NAME, TYPE, T, S, F)                                                                          \
+    static __attribute__((noinline)) void NAME(const uint8_t *const *G, int nb, const block_q8a *const *y,   \
+                                               float *acc, const uint8_t *const *end,                        \
+                                               const cpu_next *const *nx, bool pf) {                         \
+        q32_groups(TYPE, T, S, G, nb, y, acc, end, nx, F, pf);                                               \
+    }
+#define DEF_Q32_T(NAME, TYPE)                                                                                 \
+    DEF_Q32(NAME##_t1, TYPE, 1, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t2, TYPE, 2, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t3, TYPE, 3, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t4, TYPE, 4, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t5, TYPE, 5, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t6, TYPE, 6, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t7, TYPE, 7, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_t8, TYPE, 8, 1, CPU_STREAM_NEAR_FAR)                                                       \
+    DEF_Q32(NAME##_l1x1, TYPE, 1, 1, CPU_STREAM_TWO_L1)                                                       \
+    DEF_Q32(NAME##_l1x2, TYPE, 1, 2, CPU_STREAM_TWO_L1)
+DEF_Q32_T(q40, QT_Q4_0)
+DEF_Q32_T(q80, QT_Q8_0)
+/* [is Q8_0][T] chunk kernels (index 0: the one-token two-l1 form, one group; 9: two groups) */
+static const q32_fn q32_table[2][TCH + 2] = {
+    {q40_l1x1, q40_t1, q40_t2, q40_t3, q40_t4, q40_t5, q40_t6, q40_t7, q40_t8, q40_l1x2},
+    {q80_l1x1, q80_t1, q80_t2, q80_t3, q80_t4, q80_t5, q80_t6, q80_t7, q80_t8, q80_l1x2},
+};
+
+static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
+    DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
+    const q32_fn *tab = q32_table[type == QT_Q8_0];
+    const int nb = k / QK32, g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
+    const uint8_t *W = w, *end = W + (size_t)g1 * group_bytes;
+    float acc[2 * TCH * 16] __attribute__((aligned(64)));
+    const block_q8a *y[TCH];
+    int g = g0;
+    if (n_tok == 1 && form == CPU_STREAM_TWO_L1) { /* gemm_one's halves, in lockstep */
+        y[0] = act;
+        if (g1 - g0 >= 2) {
+            const int h = (g1 - g0) / 2, gm = g0 + h;
+            const uint8_t *const ends[2] = {W + (size_t)gm * group_bytes, end};
+            const cpu_next *const nxs[2] = {NULL, nx};
+            const size_t lead = DT_MIN((size_t)CPU_PF2_DIST, (size_t)h * group_bytes);
+            for (size_t o = 0; o < lead; o += 64) _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
+            for (; g < gm; g++) {
+                const uint8_t *const G[2] = {W + (size_t)g * group_bytes, W + (size_t)(g + h) * group_bytes};
+                tab[TCH + 1](G, nb, y, acc, ends, nxs, true);
+                store_group(out, g, r1, acc);
+                store_group(out, g + h, r1, acc + 16);
+            }
+            g = gm + h;
+        }
+        for (; g < g1; g++) {
+            const uint8_t *const G[1] = {W + (size_t)g * group_bytes};
+            tab[0](G, nb, y, acc, &end, &nx, true);
+            store_group(out, g, r1, acc);
+        }
+        return;
+    }
+    for (; g < g1; g++) {
+        const uint8_t *const G[1] = {W + (size_t)g * group_bytes};
+        for (int tc = 0; tc < n_tok; tc += TCH) {
+            const int n = DT_MIN(TCH, n_tok - tc);
+            for (int t = 0; t < n; t++)
+                y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
+            tab[n](G, nb, y, acc, &end, &nx, tc == 0);
+            for (int t = 0; t < n; t++) store_group(out + (size_t)(tc + t) * out_stride, g, r1, acc + 16 * t);
+        }
+    }
+}
+
 #define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
 #define DEF_GEMM(T, F, SUF)                                                                                 \
     static void gemm_##T##_rp##SUF(GEMM_ARGS) { gemm_rp(QT_##T, F, PASS, NULL); }                           \
     static void gemm_##T##_rp_next##SUF(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_##T, F, PASS, nx); }
+#define DEF_GEMM32(T, F, SUF)                                                                               \
+    static void gemm_##T##_rp##SUF(GEMM_ARGS) { gemm_q32(QT_##T, F, PASS, NULL); }                          \
+    static void gemm_##T##_rp_next##SUF(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_##T, F, PASS, nx); }
+DEF_GEMM32(Q4_0, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM32(Q8_0, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM32(Q4_0, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM32(Q8_0, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q4_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q6_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q4_K, CPU_STREAM_TWO_L1, _l1)
@@ -602,6 +757,8 @@ quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
     switch (type) {
     case QT_Q4_K: return l1 ? gemm_Q4_K_rp_l1 : gemm_Q4_K_rp_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_l1 : gemm_Q6_K_rp_nf;
+    case QT_Q4_0: return l1 ? gemm_Q4_0_rp_l1 : gemm_Q4_0_rp_nf;
+    case QT_Q8_0: return l1 ? gemm_Q8_0_rp_l1 : gemm_Q8_0_rp_nf;
     default: return NULL;
     }
 }
@@ -611,6 +768,8 @@ repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form)
     switch (type) {
     case QT_Q4_K: return l1 ? gemm_Q4_K_rp_next_l1 : gemm_Q4_K_rp_next_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_next_l1 : gemm_Q6_K_rp_next_nf;
+    case QT_Q4_0: return l1 ? gemm_Q4_0_rp_next_l1 : gemm_Q4_0_rp_next_nf;
+    case QT_Q8_0: return l1 ? gemm_Q8_0_rp_next_l1 : gemm_Q8_0_rp_next_nf;
     default: return NULL;
     }
 }
