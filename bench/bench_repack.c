@@ -1,4 +1,4 @@
-/* bench_repack.c — weight-streaming speed of the repacked Q4_K / Q6_K gemm (src/cpu/repack*.c)
+/* bench_repack.c — weight-streaming speed of the repacked Q4_K / Q6_K / Q4_0 / Q8_0 gemm (src/cpu/repack*.c)
  * against the row-major kernels (cpu_quant_gemm), on a matrix of >= SIZE GiB (default 1) with
  * rows of K (default 2048), at n_tok 1, 2, 4, 8, 16 and 1..THREADS threads (rows split in 16-row
  * groups). Prints GB/s of weight bytes and GMAC/s, best of REPS passes; also checks that the
@@ -8,11 +8,11 @@
  *   cc -std=c11 -D_GNU_SOURCE -O2 -iquote src -o build-rp/bench_repack bench/bench_repack.c \
  *      build-rp/libditto.a -lm -pthread
  *   ./build-rp/bench_repack [SIZE_GIB=1] [REPS=5] [THREADS=2] [LEVEL=avx512|avx2|generic]
- *                           [TYPES=q4_k,q6_k] [NTOK=1,2,4,8,16] [HUGE=0|1] [K=2048]
+ *                           [TYPES=q4_k,q6_k(,q4_0,q8_0)] [NTOK=1,2,4,8,16] [HUGE=0|1] [K=2048]
  * HUGE=1 backs both matrices with transparent huge pages (madvise(MADV_HUGEPAGE)).
  *
  *   ./build-rp/bench_repack gguf MODEL.gguf [LAYER=0 | NAME_PREFIX] [REPS=5]
- * Real weights: every Q4_K / Q6_K tensor of block LAYER, or whose name starts with NAME_PREFIX
+ * Real weights: every repackable (Q4_K / Q6_K / Q4_0 / Q8_0) tensor of block LAYER, or whose name starts with NAME_PREFIX
  * (e.g. output.), (3-d expert tensors as ne[2] matrices)
  * is repacked; every matrix's repacked gemm (generic, avx2, avx512) is checked bitwise against
  * the reference at n_tok 1, 3 and 8 on random activations, and each tensor is timed per matrix
@@ -114,12 +114,12 @@ static int gguf_mode(const char *path, const char *which, int reps) {
         memcpy(src, T->data, mb * (size_t)nm); /* private copy: page cache out of the timing */
         for (int m = 0; m < nm; m++)
             repack_rows(T->type, src + (size_t)m * mb, rb, rows, k, wp + (size_t)m * rpm, 0, (rows + 15) / 16);
-        const size_t ab = quant_act_bytes(QA_Q8_256, k);
+        const size_t ab = quant_act_bytes(tr->act, k);
         uint8_t *act = xmalloc(ab * 8);
         float *xf = xmalloc((size_t)k * 4);
         for (int t = 0; t < 8; t++) {
             for (int i = 0; i < k; i++) xf[i] = (float)((int64_t)(xs() % 2001) - 1000) * 1e-3f;
-            quant_act_row(QA_Q8_256, xf, act + (size_t)t * ab, k);
+            quant_act_row(tr->act, xf, act + (size_t)t * ab, k);
         }
         float *o1 = xmalloc((size_t)rows * 8 * 4), *o2 = xmalloc((size_t)rows * 8 * 4);
         /* bitwise check on a few matrices (all levels), then every matrix at avx512 n_tok 1 */
@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
     if (argc > 4) lv = !strcmp(argv[4], "generic") ? CPU_GENERIC : !strcmp(argv[4], "avx2") ? CPU_AVX2 : CPU_AVX512;
     if (lv > cpu_level_hw()) lv = cpu_level_hw();
     const int k = argc > 8 ? atoi(argv[8]) : 2048;
-    DT_ASSERT(k > 0 && k % QK_K == 0);
+    DT_ASSERT(k > 0 && k % QK32 == 0);
     int nts[16] = {1, 2, 4, 8, 16}, n_nts = 5;
     if (argc > 6) {
         n_nts = 0;
@@ -193,15 +193,16 @@ int main(int argc, char **argv) {
     }
     const char *tsel = argc > 5 ? argv[5] : "q4_k,q6_k";
     g_huge = argc > 7 ? atoi(argv[7]) : 0;
-    const uint32_t types[] = {QT_Q4_K, QT_Q6_K};
+    const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_Q8_0};
+    static const char *const tnames[] = {"q4_k", "q6_k", "q4_0", "q8_0"};
     printf("bench_repack: K=%d, >= %.2f GiB per matrix, best of %d, level %s%s\n", k, gib, reps, cpu_level_name(lv),
            g_huge ? ", huge pages" : "");
     printf("%-5s %5s %3s | %-22s | %-22s | %s\n", "type", "n_tok", "thr", "row-major GB/s GMAC/s", "repacked  GB/s GMAC/s",
            "speedup");
-    for (int ti = 0; ti < 2; ti++) {
+    for (int ti = 0; ti < 4; ti++) {
         const uint32_t type = types[ti];
         const quant_traits *tr = quant_traits_of(type);
-        if (!strstr(tsel, type == QT_Q4_K ? "q4_k" : "q6_k")) continue;
+        if (!strstr(tsel, tnames[ti]) || k % (int)tr->blck) continue;
         const size_t rb = quant_row_bytes(type, k);
         int rows = (int)((gib * 1073741824.0 + (double)rb - 1) / (double)rb);
         rows = (rows + 15) / 16 * 16;
@@ -216,6 +217,8 @@ int main(int argc, char **argv) {
             if (type == QT_Q4_K) {
                 memcpy(blk, &d, 2);
                 memcpy(blk + 2, &dm, 2);
+            } else if (type != QT_Q6_K) {
+                memcpy(blk, &d, 2);
             } else {
                 memcpy(blk + 208, &d, 2);
             }
@@ -238,12 +241,12 @@ int main(int argc, char **argv) {
                    tr->name, rows, k, (double)wbytes / 1073741824.0, (double)rpb / 1073741824.0, maxth, dt,
                    (double)wbytes / dt / 1e9);
         }
-        const size_t ab = quant_act_bytes(QA_Q8_256, k);
+        const size_t ab = quant_act_bytes(tr->act, k);
         uint8_t *act = xmalloc(ab * 64);
         float *xf = xmalloc((size_t)k * 4);
         for (int t = 0; t < 16; t++) {
             for (int i = 0; i < k; i++) xf[i] = (float)((int64_t)(xs() % 2001) - 1000) * 1e-3f;
-            quant_act_row(QA_Q8_256, xf, act + (size_t)t * ab, k);
+            quant_act_row(tr->act, xf, act + (size_t)t * ab, k);
         }
         int maxnt = 1;
         for (int ni = 0; ni < n_nts; ni++) maxnt = DT_MAX(maxnt, nts[ni]);

@@ -1,4 +1,4 @@
-/* prepared.c — repacking of a model's Q4_K / Q6_K matrices at engine start. */
+/* prepared.c — repacking of a model's Q4_K / Q6_K / Q4_0 / Q8_0 matrices at engine start. */
 #include "cpu/prepared.h"
 
 #include <string.h>
@@ -100,7 +100,7 @@ static void put(cpu_prepared *cp, const model_weight *w, bool copy, size_t off, 
     cp->slot[h] = cp->n++;
 }
 
-/* Repacks w (Q4_K / Q6_K), or with copy set copies a float matrix as it is. */
+/* Repacks w (a repack_supported type), or with copy set copies a float matrix as it is. */
 static void add(cpu_prepared *cp, const model_weight *w, bool copy) {
     if (!w->data || cpu_prepared_find(cp, w)) return;
     if (copy ? !(w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) : !repack_supported(w->type)) return;

@@ -1,4 +1,4 @@
-/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q6_K matrices (layouts in repack.c),
+/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q6_K / Q4_0 / Q8_0 matrices (layouts in repack.c),
  * bitwise equal to the scalar reference in quant.c.
  *
  * A 64-byte weight vector of the layout is two ymm halves: rows 0..7 (bytes 0..31) and rows

@@ -1,4 +1,4 @@
-/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q6_K
+/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q6_K / Q4_0 / Q8_0
  * matrices (layouts in repack.c), bitwise equal to the scalar reference in quant.c.
  *
  * One zmm weight vector W holds 4 consecutive quants (unsigned bytes) of each of the group's
