@@ -28,7 +28,7 @@ static void usage(FILE *f) {
             "  tokenize [-m FILE] [--pieces] [--no-special] TEXT\n"
             "  bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R]\n"
             "       [--paired N [--trace] [--forms]] [--profile]   decode throughput vs the measured read bandwidth\n"
-            "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q4_0|q8_0]   random-weight model\n");
+            "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q5_k_m|q4_0|q8_0]   random-weight model\n");
 }
 
 /* "1,2,3" -> ids (malloc'ed). */

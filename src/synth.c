@@ -72,7 +72,7 @@ int synth_validate(const synth_params *p, ditto_err *err) {
     if ((uint64_t)p->n_heads * p->head_dim > (1u << 20))
         return err_set(err, "synth: heads x head-dim = %llu is too large",
                        (unsigned long long)p->n_heads * p->head_dim);
-    if (p->type != SYNTH_Q4_K_M && p->type != SYNTH_Q4_0 && p->type != SYNTH_Q8_0)
+    if (p->type != SYNTH_Q4_K_M && p->type != SYNTH_Q4_0 && p->type != SYNTH_Q8_0 && p->type != SYNTH_Q5_K_M)
         return err_set(err, "synth: unknown type %d", (int)p->type);
     return 0;
 }
@@ -120,8 +120,8 @@ typedef struct gen_ctx {
     enum tensor_kind kind;
     float sigma;            /* target std of the dequantized weights */
     fp16_t d_jit[256];      /* Q4_0 / Q8_0: d by 8 random bits (7: jitter, 1: sign for Q4_0) */
-    fp16_t d, dmin;         /* Q4_K / Q6_K */
-    uint8_t k_m[32];        /* Q4_K: m for sc = 32 + i */
+    fp16_t d, dmin;         /* Q4_K / Q5_K / Q6_K */
+    uint8_t k_m[32];        /* Q4_K / Q5_K: m for sc = 32 + i */
 } gen_ctx;
 
 static void gen_init(gen_ctx *g, uint32_t type, enum tensor_kind kind, uint64_t row_len) {
@@ -151,6 +151,12 @@ static void gen_init(gen_ctx *g, uint32_t type, enum tensor_kind kind, uint64_t 
         g->dmin = f32_to_fp16(8.0f * fp16_to_f32(g->d));
         for (int i = 0; i < 32; i++) g->k_m[i] = (uint8_t)(((32 + i) * 15 + 8) / 16);
     }
+    if (type == QT_Q5_K) { /* q in 0..31 (rms of q - 15.5: 9.23); dmin * m ~ 15.5 d sc */
+        double e_sc2 = 47.5 * 47.5 + (32.0 * 32.0 - 1.0) / 12.0;
+        g->d = f32_to_fp16((float)(g->sigma / (9.23 * sqrt(e_sc2))));
+        g->dmin = f32_to_fp16(16.0f * fp16_to_f32(g->d));
+        for (int i = 0; i < 32; i++) g->k_m[i] = (uint8_t)(((32 + i) * 31 + 16) / 32);
+    }
     if (type == QT_Q6_K) {
         double e_s2 = 95.5 * 95.5 + (64.0 * 64.0 - 1.0) / 12.0;
         g->d = f32_to_fp16((float)(g->sigma / (18.47 * sqrt(e_s2))));
@@ -164,8 +170,9 @@ static void fix_q4_0(const gen_ctx *g, uint8_t *p, size_t nb) {
     for (size_t i = 0; i < nb; i++, p += sizeof(block_q4_0)) memcpy(p, &g->d_jit[p[0]], 2);
 }
 
-static void fix_q4_K(const gen_ctx *g, uint8_t *p, size_t nb) {
-    for (size_t i = 0; i < nb; i++, p += sizeof(block_q4_K)) {
+/* Q4_K, or Q5_K (bs: the block size; d, dmin and scales sit alike in both). */
+static void fix_q45_K(const gen_ctx *g, uint8_t *p, size_t nb, size_t bs) {
+    for (size_t i = 0; i < nb; i++, p += bs) {
         block_q4_K *b = (block_q4_K *)p;
         uint8_t sc[8], m[8], *s = b->scales;
         for (int j = 0; j < 8; j++) {
@@ -217,7 +224,8 @@ static void gen_fix(const gen_ctx *g, uint8_t *p, size_t n) {
     switch (g->type) {
     case QT_Q8_0: fix_q8_0(g, p, n / sizeof(block_q8_0)); break;
     case QT_Q4_0: fix_q4_0(g, p, n / sizeof(block_q4_0)); break;
-    case QT_Q4_K: fix_q4_K(g, p, n / sizeof(block_q4_K)); break;
+    case QT_Q4_K: fix_q45_K(g, p, n / sizeof(block_q4_K), sizeof(block_q4_K)); break;
+    case QT_Q5_K: fix_q45_K(g, p, n / sizeof(block_q5_K), sizeof(block_q5_K)); break;
     case QT_Q6_K: fix_q6_K(g, p, n / sizeof(block_q6_K)); break;
     case QT_F32: fix_f32(g, p, n); break;
     default: DT_ASSERT(!"synth: unexpected type");
@@ -247,7 +255,7 @@ static uint32_t role_type(const synth_params *p, enum tensor_role role) {
     if (role == TR_OUTPUT || (role == TR_EMBD && p->tie_output)) return QT_Q6_K;
     if (p->type == SYNTH_Q4_0) return QT_Q4_0;
     if (role == TR_EMBD || role == TR_ATTN_V) return QT_Q6_K;
-    return QT_Q4_K;
+    return p->type == SYNTH_Q5_K_M ? QT_Q5_K : QT_Q4_K;
 }
 
 static void plan_add(plan *pl, const synth_params *p, int layer, const char *name, enum tensor_role role,
@@ -315,7 +323,7 @@ static void arch_key(char *buf, size_t n, const char *arch, const char *suffix) 
 
 static int add_metadata(gguf_writer *w, const synth_params *p, ditto_err *err) {
     const char *arch = p->n_experts > 0 ? "qwen3moe" : "qwen3";
-    static const uint32_t file_type[] = {[SYNTH_Q4_K_M] = 15, [SYNTH_Q4_0] = 2, [SYNTH_Q8_0] = 7};
+    static const uint32_t file_type[] = {[SYNTH_Q4_K_M] = 15, [SYNTH_Q4_0] = 2, [SYNTH_Q8_0] = 7, [SYNTH_Q5_K_M] = 17};
     char k[128];
     gguf_write_set_str(w, "general.architecture", arch);
     gguf_write_set_str(w, "general.type", "model");
@@ -472,7 +480,7 @@ int synth_write(const synth_params *p, const char *path, ditto_err *err) {
 
 static void synth_usage(void) {
     fprintf(stderr,
-            "usage: ditto synth -o FILE [--preset 30b-a3b|tiny] [--type q4_k_m|q4_0|q8_0] [--seed S]\n"
+            "usage: ditto synth -o FILE [--preset 30b-a3b|tiny] [--type q4_k_m|q5_k_m|q4_0|q8_0] [--seed S]\n"
             "                   [--layers N] [--hidden N] [--heads N] [--kv-heads N] [--head-dim N]\n"
             "                   [--experts N] [--experts-used N] [--expert-ffn N] [--dense-ffn N]\n"
             "                   [--vocab N] [--ctx N] [--tied|--untied] [--tokenizer-from GGUF|none] [--quiet]\n"
@@ -561,8 +569,10 @@ int synth_cmd(int argc, char **argv) {
                 p.type = SYNTH_Q4_0;
             else if (strcmp(v, "q8_0") == 0 || strcmp(v, "Q8_0") == 0)
                 p.type = SYNTH_Q8_0;
+            else if (strcmp(v, "q5_k_m") == 0 || strcmp(v, "Q5_K_M") == 0)
+                p.type = SYNTH_Q5_K_M;
             else {
-                fprintf(stderr, "ditto synth: unknown --type '%s' (q4_k_m, q4_0, q8_0)\n", v);
+                fprintf(stderr, "ditto synth: unknown --type '%s' (q4_k_m, q5_k_m, q4_0, q8_0)\n", v);
                 return 2;
             }
         } else {

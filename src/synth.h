@@ -19,6 +19,7 @@ enum synth_type {
     SYNTH_Q4_K_M = 0, /* Q4_K; Q6_K for attn_v, token_embd, output */
     SYNTH_Q4_0 = 1,   /* Q4_0; Q6_K for output */
     SYNTH_Q8_0 = 2,   /* Q8_0 everywhere */
+    SYNTH_Q5_K_M = 3, /* Q5_K; Q6_K for attn_v, token_embd, output */
 };
 
 typedef struct synth_params {

@@ -1,4 +1,4 @@
-/* test_repack.c — repacked (row-interleaved) Q4_K / Q6_K / Q4_0 / Q8_0 matrices (src/cpu/repack.c,
+/* test_repack.c — repacked (row-interleaved) Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 matrices (src/cpu/repack.c,
  * repack_avx*.c): the repack round-trips, split repacks equal whole ones, and the repacked
  * gemm at every level (generic, avx2 — its plain and, where the CPU has AVX-VNNI, its AVX-VNNI
  * build — and avx512, where the CPU has them) is bitwise equal to the
@@ -65,13 +65,18 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
             switch (test_rndi(5)) {
             case 0: memset(blk, 0xFF, tr->bytes); break; /* max quants, max scales */
             case 1: /* zero sub-block scales (and mins) */
-                if (type == QT_Q4_K) memset(((block_q4_K *)(void *)blk)->scales, 0, K_SCALE_SIZE);
-                else memset(((block_q6_K *)(void *)blk)->scales, 0, 16);
+                if (type == QT_Q6_K) memset(((block_q6_K *)(void *)blk)->scales, 0, 16);
+                else memset(((block_q4_K *)(void *)blk)->scales, 0, K_SCALE_SIZE); /* Q5_K: the same offset */
                 break;
             case 2:
                 if (type == QT_Q6_K) { /* max |q - 32| with the most negative scales */
                     memset(blk, 0, tr->bytes);
                     memset(((block_q6_K *)(void *)blk)->scales, test_rndi(2) ? 0x80 : 0x7F, 16);
+                } else if (type == QT_Q5_K) { /* max scales and mins; quants all 0 or all 31 */
+                    memset(blk, 0xFF, tr->bytes);
+                    const int v = test_rndi(2) ? 0x00 : 0xFF;
+                    memset(((block_q5_K *)(void *)blk)->qs, v, QK_K / 2);
+                    memset(((block_q5_K *)(void *)blk)->qh, v, QK_K / 8);
                 } else {
                     memset(blk, 0xFF, tr->bytes);
                     memset(((block_q4_K *)(void *)blk)->qs, test_rndi(2) ? 0x00 : 0xFF, QK_K / 2);
@@ -81,7 +86,7 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
             }
         }
         fp16_t d = rnd_fp16_scale(adv), dm = rnd_fp16_scale(adv);
-        if (type == QT_Q4_K) {
+        if (type == QT_Q4_K || type == QT_Q5_K) { /* d, dmin at the same offsets in both */
             memcpy(&((block_q4_K *)(void *)blk)->d, &d, 2);
             memcpy(&((block_q4_K *)(void *)blk)->dmin, &dm, 2);
         } else {
@@ -300,7 +305,8 @@ static void test_layout(uint32_t type) {
     const size_t rb = quant_row_bytes(type, k), gb = repack_group_bytes(type, k);
     CHECK(gb % 64 == 0, "%s group bytes %zu multiple of 64", tr->name, gb);
     CHECK(repack_bytes(type, R, k) == 3 * gb, "%s repack_bytes", tr->name);
-    if (type == QT_Q4_K) CHECK(gb == 16 * rb, "Q4_K repacked group = 16 rows exactly (%zu vs %zu)", gb, 16 * rb);
+    if (type == QT_Q4_K || type == QT_Q5_K)
+        CHECK(gb == 16 * rb, "%s repacked group = 16 rows exactly (%zu vs %zu)", tr->name, gb, 16 * rb);
     else if (type == QT_Q6_K) CHECK(gb == 16 * rb + 32, "Q6_K repacked group (odd nb) = 16 rows + 32 B (%zu vs %zu)", gb, 16 * rb);
     else CHECK(gb == 16 * (rb + tr->bytes), "%s repacked group (odd nb) = 16 rows + a block each (%zu vs %zu)", tr->name, gb, 16 * rb);
     CHECK(repack_group_bytes(QT_Q6_K, 2048) == 16 * quant_row_bytes(QT_Q6_K, 2048), "Q6_K even nb: no overhead");
@@ -352,21 +358,21 @@ static void test_layout(uint32_t type) {
 }
 
 static void test_api(void) {
-    CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q6_K) && repack_supported(QT_Q4_0) &&
-              repack_supported(QT_Q8_0),
-          "Q4_K, Q6_K, Q4_0, Q8_0 supported");
-    CHECK(!repack_supported(QT_Q4_1) && !repack_supported(QT_Q5_0) && !repack_supported(QT_F32) &&
-              !repack_supported(QT_Q5_K),
+    CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q5_K) && repack_supported(QT_Q6_K) &&
+              repack_supported(QT_Q4_0) && repack_supported(QT_Q8_0),
+          "Q4_K, Q5_K, Q6_K, Q4_0, Q8_0 supported");
+    CHECK(!repack_supported(QT_Q4_1) && !repack_supported(QT_Q5_0) && !repack_supported(QT_Q5_1) &&
+              !repack_supported(QT_F32) && !repack_supported(QT_BF16),
           "others not");
     const enum cpu_stream NF = CPU_STREAM_NEAR_FAR, L1 = CPU_STREAM_TWO_L1;
     CHECK(repack_gemm(QT_Q5_0, CPU_AVX512, NF) == NULL, "no gemm for an unsupported type");
-    static const uint32_t TYPES[] = {QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_Q8_0};
+    static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q8_0};
     for (int lv = CPU_GENERIC; lv <= CPU_AVX512; lv++)
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             CHECK(repack_gemm(TYPES[i], (enum cpu_level)lv, NF) && repack_gemm_next(TYPES[i], (enum cpu_level)lv, NF),
                   "a %s kernel at level %s", quant_traits_of(TYPES[i])->name, cpu_level_name((enum cpu_level)lv));
     /* each level at or below the hardware's runs its own kernels, not a lower level's */
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         for (int lv = CPU_AVX2; lv <= (int)g_max; lv++)
             CHECK(repack_gemm(TYPES[i], (enum cpu_level)lv, NF) != repack_gemm(TYPES[i], (enum cpu_level)(lv - 1), NF),
                   "%s: level %s has its own kernel", quant_traits_of(TYPES[i])->name, cpu_level_name((enum cpu_level)lv));
@@ -427,10 +433,12 @@ int main(void) {
     const double t0 = time_now();
     test_api();
     test_layout(QT_Q4_K);
+    test_layout(QT_Q5_K);
     test_layout(QT_Q6_K);
     test_layout(QT_Q4_0);
     test_layout(QT_Q8_0);
     test_gemm(QT_Q4_K);
+    test_gemm(QT_Q5_K);
     test_gemm(QT_Q6_K);
     test_gemm(QT_Q4_0);
     test_gemm(QT_Q8_0);

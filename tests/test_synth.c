@@ -39,8 +39,10 @@ static uint32_t expect_type(const synth_params *p, enum role r, uint64_t row) {
         want = QT_Q6_K;
     else if (p->type == SYNTH_Q4_0)
         want = QT_Q4_0;
+    else if (r == R_EMBD || r == R_ATTN_V)
+        want = QT_Q6_K;
     else
-        want = (r == R_EMBD || r == R_ATTN_V) ? QT_Q6_K : QT_Q4_K;
+        want = p->type == SYNTH_Q5_K_M ? QT_Q5_K : QT_Q4_K;
     uint32_t blck = quant_traits_of(want)->blck;
     if (row % blck == 0) return want;
     return row % 32 == 0 ? QT_Q8_0 : QT_F32;
@@ -271,6 +273,11 @@ static void test_geometries(void) {
     p.dense_ffn = 384;
     p.type = SYNTH_Q8_0;
     check_model(&p, "dense8");
+
+    p = small(); /* q5_k_m, untied */
+    p.type = SYNTH_Q5_K_M;
+    p.tie_output = false;
+    check_model(&p, "q5km");
 
     p = small(); /* dense qwen3, q4_k_m, untied */
     p.n_experts = 0;

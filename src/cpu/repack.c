@@ -1,4 +1,4 @@
-/* repack.c — the repacked (row-interleaved) layouts of Q4_K, Q6_K, Q4_0 and Q8_0, the repack itself, a
+/* repack.c — the repacked (row-interleaved) layouts of Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0, the repack itself, a
  * scalar kernel on the repacked layout (bitwise equal to the reference in quant.c) and the
  * per-level dispatch. See repack.h. */
 #include "cpu/repack.h"
@@ -33,6 +33,13 @@
  *          +------------------------+------------------------+ ... +------------------------+
  *          Q[v] & 0x0F        = weights 64p + 4i .. +3      (sub-block 2p)   of rows 0..15
  *          (Q[v] >> 4) & 0x0F = weights 64p + 32 + 4i .. +3 (sub-block 2p+1) of rows 0..15
+ *
+ * Q5_K — as Q4_K with blocks of 2816 B: the same 2304 bytes, then the 5th bits:
+ *
+ *   +2304  H[0..7]   8 dword vectors: H[v] lane r = qh_r[4v .. 4v+3]          (512 B)
+ *
+ *          bit j of H[v]'s bytes = 5th bit of weights 32j + 4v .. +3 (sub-block j), the
+ *          weights whose low 4 bits Q[8*(j/2) + v] holds (low nibbles for even j).
  *
  * Q6_K — group g = a header of the nb blocks' d, then nb blocks of 3328 B (all 64-aligned):
  *
@@ -77,7 +84,7 @@
  * With nb odd the last unit's second block is zero and no kernel reads it. */
 
 bool repack_supported(uint32_t type) {
-    return type == QT_Q4_K || type == QT_Q6_K || type == QT_Q4_0 || type == QT_Q8_0;
+    return type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || type == QT_Q4_0 || type == QT_Q8_0;
 }
 
 /* Weights per block of a supported type. */
@@ -87,6 +94,7 @@ size_t repack_group_bytes(uint32_t type, int k) {
     DT_ASSERT(repack_supported(type) && k > 0 && k % rp_qk(type) == 0);
     const int nb = k / rp_qk(type);
     if (type == QT_Q4_K) return (size_t)nb * RP_Q4K_BLOCK;
+    if (type == QT_Q5_K) return (size_t)nb * RP_Q5K_BLOCK;
     if (type == QT_Q4_0) return (size_t)((nb + 1) / 2) * RP_Q40_UNIT;
     if (type == QT_Q8_0) return (size_t)((nb + 1) / 2) * RP_Q80_UNIT;
     return rp_q6k_header(nb) + (size_t)nb * RP_Q6K_BLOCK;
@@ -139,6 +147,14 @@ void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int
                     uint8_t *U = G + (size_t)(b >> 1) * RP_Q80_UNIT;
                     memcpy(U + 32 * (b & 1) + 2 * r, &x->d, 2);
                     put_lanes(U + rp_q32_v(type, b & 1), r, (const uint8_t *)x->qs, 8);
+                } else if (type == QT_Q5_K) {
+                    const block_q5_K *x = (const block_q5_K *)(const void *)s + b;
+                    uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
+                    memcpy(B + RP_Q4K_D + 2 * r, &x->d, 2);
+                    memcpy(B + RP_Q4K_DMIN + 2 * r, &x->dmin, 2);
+                    put_lanes(B + RP_Q4K_SC, r, x->scales, 3);
+                    put_lanes(B + RP_Q4K_QS, r, x->qs, 32);
+                    put_lanes(B + RP_Q5K_QH, r, x->qh, 8);
                 } else if (type == QT_Q4_K) {
                     const block_q4_K *x = (const block_q4_K *)(const void *)s + b;
                     uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
@@ -167,6 +183,14 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
         const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type);
         memcpy(blk, U + 32 * (b & 1) + 2 * r, 2); /* d first in both block formats */
         get_lanes((uint8_t *)blk + 2, U + rp_q32_v(type, b & 1), r, type == QT_Q4_0 ? 4 : 8);
+    } else if (type == QT_Q5_K) {
+        block_q5_K *x = blk;
+        const uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
+        memcpy(&x->d, B + RP_Q4K_D + 2 * r, 2);
+        memcpy(&x->dmin, B + RP_Q4K_DMIN + 2 * r, 2);
+        get_lanes(x->scales, B + RP_Q4K_SC, r, 3);
+        get_lanes(x->qs, B + RP_Q4K_QS, r, 32);
+        get_lanes(x->qh, B + RP_Q5K_QH, r, 8);
     } else if (type == QT_Q4_K) {
         block_q4_K *x = blk;
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
@@ -190,10 +214,11 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
 /* Byte of row lane r at byte index i of the row's original array, in dword vectors at V. */
 static inline uint8_t lane_byte(const uint8_t *V, int r, int i) { return V[64 * (i >> 2) + 4 * r + (i & 3)]; }
 
-static float dot_q4_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
+/* Q4_K, and Q5_K with its 5th bits (q5: the block size tells the two apart). */
+static float dot_q45_K_rp(const int q5, const uint8_t *G, int r, const block_q8k *y, int nb) {
     float acc = 0.0f;
     for (int b = 0; b < nb; b++, y++) {
-        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
+        const uint8_t *B = G + (size_t)b * (q5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK);
         uint8_t scales[K_SCALE_SIZE];
         for (int i = 0; i < K_SCALE_SIZE; i++) scales[i] = lane_byte(B + RP_Q4K_SC, r, i);
         fp16_t d, dmin;
@@ -207,7 +232,8 @@ static float dot_q4_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
             for (int l = 0; l < 32; l++) {
                 /* weight 32j + l: qs byte 32*(j/2) + l, low nibble for even j */
                 const uint8_t byte = lane_byte(B + RP_Q4K_QS, r, 32 * (j >> 1) + l);
-                const int q = (j & 1) ? byte >> 4 : byte & 0xF;
+                int q = (j & 1) ? byte >> 4 : byte & 0xF;
+                if (q5) q |= ((lane_byte(B + RP_Q5K_QH, r, l) >> j) & 1) << 4; /* qh[l] bit j */
                 s += q * y->q[32 * j + l];
             }
             I += (int32_t)sc * s;
@@ -218,6 +244,9 @@ static float dot_q4_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
     }
     return acc;
 }
+
+static float dot_q4_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) { return dot_q45_K_rp(0, G, r, y, nb); }
+static float dot_q5_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) { return dot_q45_K_rp(1, G, r, y, nb); }
 
 static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
     float acc = 0.0f;
@@ -288,18 +317,21 @@ static float dot_q8_0_rp(const uint8_t *G, int r, const block_q8a *y, int nb) { 
     }
 
 RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp, QK_K, block_q8k)
+RP_GEMM_GENERIC(gemm_q5_K_rp_generic, dot_q5_K_rp, QK_K, block_q8k)
 RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp, QK_K, block_q8k)
 RP_GEMM_GENERIC(gemm_q4_0_rp_generic, dot_q4_0_rp, QK32, block_q8a)
 RP_GEMM_GENERIC(gemm_q8_0_rp_generic, dot_q8_0_rp, QK32, block_q8a)
 
 static quant_gemm_fn rp_generic(uint32_t type) {
     return type == QT_Q4_K   ? gemm_q4_K_rp_generic
+           : type == QT_Q5_K ? gemm_q5_K_rp_generic
            : type == QT_Q6_K ? gemm_q6_K_rp_generic
            : type == QT_Q4_0 ? gemm_q4_0_rp_generic
                              : gemm_q8_0_rp_generic;
 }
 static repack_gemm_next_fn rp_generic_next(uint32_t type) {
     return type == QT_Q4_K   ? gemm_q4_K_rp_generic_next
+           : type == QT_Q5_K ? gemm_q5_K_rp_generic_next
            : type == QT_Q6_K ? gemm_q6_K_rp_generic_next
            : type == QT_Q4_0 ? gemm_q4_0_rp_generic_next
                              : gemm_q8_0_rp_generic_next;

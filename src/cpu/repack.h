@@ -1,4 +1,4 @@
-/* repack.h — row-interleaved ("repacked") Q4_K / Q6_K / Q4_0 / Q8_0 weight matrices and their
+/* repack.h — row-interleaved ("repacked") Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 weight matrices and their
  * gemm kernels.
  *
  * A repacked matrix groups 16 consecutive rows (a row group; the last group is padded with
@@ -15,7 +15,7 @@
  * integer block sums are exact, and each lane runs the reference's fp32 chain over blocks
  * in ascending order. tests/test_repack.c proves it.
  *
- * Repacked data is as large as the original (Q4_K, and Q4_0 / Q8_0 with k/32 even: exactly;
+ * Repacked data is as large as the original (Q4_K, Q5_K, and Q4_0 / Q8_0 with k/32 even: exactly;
  * Q6_K: plus 32 bytes per group when k/256 is odd; Q4_0 / Q8_0 with k/32 odd: plus one zero
  * block per row) plus the zero padding rows of the last group. */
 #ifndef DITTO_REPACK_H
@@ -30,7 +30,7 @@
 
 #define REPACK_ROWS 16 /* rows per group */
 
-/* Q4_K, Q6_K, Q4_0, Q8_0. */
+/* Q4_K, Q5_K, Q6_K, Q4_0, Q8_0. */
 bool repack_supported(uint32_t type);
 /* Bytes of one 16-row group for row length k (a multiple of the type's block: 256 or 32).
  * Multiple of 64. */
@@ -44,7 +44,7 @@ size_t repack_bytes(uint32_t type, int rows, int k);
 void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
                  int g0, int g1);
 /* Copies weight block b of row `row` back out of a repacked matrix, in the original
- * block format (block_q4_K / block_q6_K / block_q4_0 / block_q8_0) — the inverse of repack_rows. */
+ * block format (block_q4_K / block_q5_K / block_q6_K / block_q4_0 / block_q8_0) — the inverse of repack_rows. */
 void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, int row, int b,
                       void *blk);
 
@@ -54,7 +54,7 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * of 16, r1 > r0 anything (normally a multiple of 16 or the true row count): rows [r0, r1)
  * are stored at out[t*out_stride + r], nothing else is written (rows of the last, partial
  * group beyond r1 are computed but not stored). Activations as for the reference
- * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for Q4_K / Q6_K, QA_Q8_32 for Q4_0 / Q8_0). Bitwise equal to the reference gemm.
+ * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for the K-quants, QA_Q8_32 for Q4_0 / Q8_0). Bitwise equal to the reference gemm.
  * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
  * kernel) falls back to the next lower one; the generic kernel always exists. form: how the
  * AVX-512 one-token kernel streams the matrix (the other levels ignore it; same results). NULL
@@ -87,6 +87,9 @@ repack_gemm_next_fn repack_gemm_next_avx2vnni(uint32_t type);
 #define RP_Q4K_DMIN 32  /* fp16 dmin[16] */
 #define RP_Q4K_SC 64    /* 3 x 16 dwords: scales[0..3], [4..7], [8..11] of each row */
 #define RP_Q4K_QS 256   /* 32 x 64 B: vector v, lane r = qs_r[4v .. 4v+3] */
+/* Q5_K: as Q4_K, then the 5th bits: a group is nb consecutive 2816-byte blocks. */
+#define RP_Q5K_BLOCK 2816
+#define RP_Q5K_QH 2304 /* 8 x 64 B: vector v, lane r = qh_r[4v .. 4v+3] */
 /* Q6_K: a group is a header of nb x fp16 d[16] (padded to 64 bytes), then nb 3328-byte blocks. */
 #define RP_Q6K_BLOCK 3328
 /* A block is 52 lines read as one ascending stream by the one-token kernel: for each half h =

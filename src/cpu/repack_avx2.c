@@ -1,4 +1,4 @@
-/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q6_K / Q4_0 / Q8_0 matrices (layouts in repack.c),
+/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 matrices (layouts in repack.c),
  * bitwise equal to the scalar reference in quant.c.
  *
  * A 64-byte weight vector of the layout is two ymm halves: rows 0..7 (bytes 0..31) and rows
@@ -222,6 +222,51 @@ static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const
     _mm256_store_ps(acc + 8, a[1]);
 }
 
+/* ---- Q5_K (half h): q4k_tokens with each quant's 5th bit --------------------------------------------
+ * u = q in 0..31 (bit j of the H vector's byte for sub-block j, moved to bit 4 and or-ed in). In
+ * the plain build an int16 lane then holds only 8 products (<= 8*31*127 = 31496 < 2^15), so each
+ * sub-block is summed in two halves of 4 vectors, each scaled on its own. */
+AI __m256i q5k_bit(__m256i H, const int j) {
+    const __m256i h = j <= 4 ? _mm256_slli_epi16(H, 4 - j) : _mm256_srli_epi16(H, j - 4);
+    return _mm256_and_si256(h, _mm256_set1_epi8(0x10)); /* 16-bit shifts: bit 4 of each byte is that byte's bit j */
+}
+AI void q5k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m256i I[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        const uint8_t *Bj = launder(B);
+        const __m256i sc = sb_scale(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
+        _Pragma("GCC unroll 2") for (int i0 = 0; i0 < 8; i0 += 4) {
+            __m256i s[TCH];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int i = i0; i < i0 + 4; i++) {
+                const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
+                const __m256i nib = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
+                const __m256i W = _mm256_or_si256(nib, q5k_bit(LD(Bj + RP_Q5K_QH + 64 * i), j));
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
+                    pin(&s[t]);
+                }
+            }
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                I[t] = sb_mul_add(I[t], s[t], sc);
+                pin(&I[t]);
+            }
+        }
+    }
+    __m256i mp[4];
+    q4k_min_pairs(B, mp);
+    const __m256 d = ld_f16x8(D), dmin = ld_f16x8(D + (RP_Q4K_DMIN - RP_Q4K_D));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        const __m256i M = q4k_min_sum(mp, y[t]);
+        __m256 a = _mm256_load_ps(acc + 16 * t);
+        a = chain(a, d, y[t]->d, I[t]);
+        a = chain_neg(a, dmin, y[t]->d, M);
+        _mm256_store_ps(acc + 16 * t, a);
+    }
+}
+
 /* ---- Q6_K (half h) ------------------------------------------------------------------------------- */
 
 AI __m256i q6k_w(const uint8_t *B, int j, int i) {
@@ -298,27 +343,34 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, con
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
                                                    const block_q8k *const *y, float *acc) {                     \
         q6k_tokens(T, B, S, D, y, acc);                                                                         \
+    }                                                                                                           \
+    static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
+                                                   const block_q8k *const *y, float *acc) {                     \
+        (void)S;                                                                                                \
+        q5k_tokens(T, B, D, y, acc);                                                                            \
     }
 DEF_T(1)
 DEF_T(2)
 DEF_T(3)
 DEF_T(4)
-static const tok_fn tok_table[2][TCH + 1] = {
+/* [0: Q4_K, 1: Q6_K, 2: Q5_K][T] */
+static const tok_fn tok_table[3][TCH + 1] = {
     {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4},
     {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4},
+    {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4},
 };
 
 static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
-    const int is6 = type == QT_Q6_K;
+    const int is6 = type == QT_Q6_K, ti = type == QT_Q5_K ? 2 : is6;
     const int nb = k / QK_K;
-    const size_t bb = is6 ? RP_Q6K_BLOCK : RP_Q4K_BLOCK;
+    const size_t bb = is6 ? RP_Q6K_BLOCK : type == QT_Q5_K ? RP_Q5K_BLOCK : RP_Q4K_BLOCK;
     const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
-    if (n_tok == 1 && !is6) { /* one token, Q4_K: whole groups (q4k_group1) */
+    if (n_tok == 1 && type == QT_Q4_K) { /* one token, Q4_K: whole groups (q4k_group1) */
         for (int g = g0; g < g1; g++) {
             q4k_group1((const uint8_t *)w + (size_t)g * group_bytes, nb, (const block_q8k *)act, acc, end, nx);
             memcpy(out + (size_t)g * REPACK_ROWS, acc, sizeof(float) * (size_t)DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS));
@@ -341,7 +393,7 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
                         for (int t = 0; t < n; t++)
                             y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
                         if (is6) tok_table[1][n](B + 32 * h, B + 16 * h, G + 32 * b + 16 * h, y, acc + 16 * tc + 8 * h);
-                        else tok_table[0][n](B + 32 * h, NULL, B + RP_Q4K_D + 16 * h, y, acc + 16 * tc + 8 * h);
+                        else tok_table[ti][n](B + 32 * h, NULL, B + RP_Q4K_D + 16 * h, y, acc + 16 * tc + 8 * h);
                     }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -502,6 +554,8 @@ static void gemm_q8_0_rp_avx2(GEMM_ARGS) { gemm_q32(QT_Q8_0, PASS, NULL); }
 static void gemm_q4_0_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_Q4_0, PASS, nx); }
 static void gemm_q8_0_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_Q8_0, PASS, nx); }
 static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
+static void gemm_q5_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q5_K, PASS, NULL); }
+static void gemm_q5_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q5_K, PASS, nx); }
 static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
 static void gemm_q4_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
 static void gemm_q6_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q6_K, PASS, nx); }
@@ -509,6 +563,7 @@ static void gemm_q6_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q
 quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_avx2;
+    case QT_Q5_K: return gemm_q5_K_rp_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_avx2;
     case QT_Q4_0: return gemm_q4_0_rp_avx2;
     case QT_Q8_0: return gemm_q8_0_rp_avx2;
@@ -519,6 +574,7 @@ quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type) {
 repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type) {
     switch (type) {
     case QT_Q4_K: return gemm_q4_K_rp_next_avx2;
+    case QT_Q5_K: return gemm_q5_K_rp_next_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_next_avx2;
     case QT_Q4_0: return gemm_q4_0_rp_next_avx2;
     case QT_Q8_0: return gemm_q8_0_rp_next_avx2;

@@ -1,4 +1,4 @@
-/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q6_K / Q4_0 / Q8_0
+/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0
  * matrices (layouts in repack.c), bitwise equal to the scalar reference in quant.c.
  *
  * One zmm weight vector W holds 4 consecutive quants (unsigned bytes) of each of the group's
@@ -232,6 +232,57 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, con
     }
 }
 
+/* T tokens against one Q5_K block B: q4k_tokens with each quant's 5th bit (bit j of the H
+ * vector's byte for sub-block j, moved to bit 4 and or-ed in), so u = q in 0..31 (|s_j| <=
+ * 32*31*127 = 125984, |I| <= 8*63*125984 = 6.35e7) and the high nibble is shifted down rather
+ * than taken as 16q. The same min term and chain. */
+AI __m512i q5k_bit(__m512i H, const int j) {
+    const __m512i h = j <= 4 ? _mm512_slli_epi16(H, 4 - j) : _mm512_srli_epi16(H, j - 4);
+    return _mm512_and_si512(h, _mm512_set1_epi8(0x10)); /* 16-bit shifts: bit 4 of each byte is that byte's bit j */
+}
+AI void q5k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb, float *acc,
+                   const bool spread) {
+    __m512i I[TCH];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
+    if (spread) pf_lines(B, 32, 12, CPU_STREAM_NEAR_FAR);
+    const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
+    const __m512i m0f = in_reg(_mm512_set1_epi8(0x0f));
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        __m512i se[TCH], so[TCH];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            if (spread) pf_lines(B, 8 * p + i, 1, CPU_STREAM_NEAR_FAR);
+            const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
+            const __m512i H = LD(B + RP_Q5K_QH + 64 * i);
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(Q, m0f), q5k_bit(H, 2 * p));
+            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f), q5k_bit(H, 2 * p + 1));
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                se[t] = dp_bcast(se[t], lo, y[t]->q + 64 * p + 4 * i);
+                so[t] = dp_bcast(so[t], hi, y[t]->q + 64 * p + 32 + 4 * i);
+            }
+        }
+        const __m512i sce = byte_to_dword(p < 2 ? slo : shi, (2 * p) & 3);
+        const __m512i sco = byte_to_dword(p < 2 ? slo : shi, (2 * p + 1) & 3);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(se[t], sce));
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(so[t], sco));
+            pin(&I[t]);
+        }
+    }
+    const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
+    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
+                           bytes_to_words(mhi, 1)};
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        const __m512i M = q4k_min_sum_pb(mp, pb + 4 * t);
+        __m512 a = _mm512_load_ps(acc + 16 * t);
+        a = chain(a, d, y[t]->d, I[t]);
+        a = chain_neg(a, dmin, y[t]->d, M);
+        _mm512_store_ps(acc + 16 * t, a);
+    }
+}
+
 /* One token against one Q4_K block B, returning the updated accumulator: the same integer sums
  * and fp32 chain as q4k_tokens(1, ...), but the 8 sub-block sums run as 8 interleaved chains
  * (vector i of all four pairs, then i+1, ...), so each chain's next vpdpbusd comes 8
@@ -397,6 +448,11 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)pb;                                                                                             \
         q6k_tokens(T, B, D, y, acc, spread);                                                                  \
+    }                                                                                                         \
+    static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                   const int32_t *pb, float *acc, bool spread) {              \
+        (void)D;                                                                                              \
+        q5k_tokens(T, B, y, pb, acc, spread);                                                                 \
     }
 DEF_T(1)
 DEF_T(2)
@@ -406,9 +462,11 @@ DEF_T(5)
 DEF_T(6)
 DEF_T(7)
 DEF_T(8)
-static const tok_fn tok_table[2][TCH + 1] = {
+/* [0: Q4_K, 1: Q6_K, 2: Q5_K][T] */
+static const tok_fn tok_table[3][TCH + 1] = {
     {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4, q4k_t5, q4k_t6, q4k_t7, q4k_t8},
     {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4, q6k_t5, q6k_t6, q6k_t7, q6k_t8},
+    {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6, q5k_t7, q5k_t8},
 };
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
@@ -531,15 +589,15 @@ static void gemm_one(const int is6, const int form, const uint8_t *w, size_t gro
 
 static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
-    const int is6 = type == QT_Q6_K;
+    const int is6 = type == QT_Q6_K, is5 = type == QT_Q5_K, ti = is5 ? 2 : is6;
     const int nb = k / QK_K;
-    const size_t bb = is6 ? RP_Q6K_BLOCK : RP_Q4K_BLOCK;
+    const size_t bb = is6 ? RP_Q6K_BLOCK : is5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK;
     const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
-    if (n_tok == 1) {
+    if (n_tok == 1 && !is5) { /* Q5_K: its one-token kernel is the chunk kernel's T = 1 */
         gemm_one(is6, form, w, group_bytes, g0, g1, r1, nb, (const block_q8k *)act, out, nx);
         return;
     }
@@ -576,7 +634,7 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
                     const int32_t *pt = is6 ? NULL : pb ? pb + 4 * ((size_t)b * nt + tc) : pone;
                     if (!is6 && !pre)
                         for (int t = 0; t < n; t++) q4k_pair_sums(y[t], pone + 4 * t);
-                    tok_table[is6][n](B, G + 32 * b, y, pt, acc + 16 * tc, spread && tc == 0);
+                    tok_table[ti][n](B, G + 32 * b, y, pt, acc + 16 * tc, spread && tc == 0);
                 }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -748,6 +806,7 @@ DEF_GEMM32(Q8_0, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM32(Q4_0, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM32(Q8_0, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q4_K, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM(Q5_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q6_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q4_K, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q6_K, CPU_STREAM_TWO_L1, _l1)
@@ -756,6 +815,7 @@ quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
     const int l1 = form == CPU_STREAM_TWO_L1;
     switch (type) {
     case QT_Q4_K: return l1 ? gemm_Q4_K_rp_l1 : gemm_Q4_K_rp_nf;
+    case QT_Q5_K: return gemm_Q5_K_rp_nf; /* one form: no two-l1 kernel of its own */
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_l1 : gemm_Q6_K_rp_nf;
     case QT_Q4_0: return l1 ? gemm_Q4_0_rp_l1 : gemm_Q4_0_rp_nf;
     case QT_Q8_0: return l1 ? gemm_Q8_0_rp_l1 : gemm_Q8_0_rp_nf;
@@ -767,6 +827,7 @@ repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form)
     const int l1 = form == CPU_STREAM_TWO_L1;
     switch (type) {
     case QT_Q4_K: return l1 ? gemm_Q4_K_rp_next_l1 : gemm_Q4_K_rp_next_nf;
+    case QT_Q5_K: return gemm_Q5_K_rp_next_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_next_l1 : gemm_Q6_K_rp_next_nf;
     case QT_Q4_0: return l1 ? gemm_Q4_0_rp_next_l1 : gemm_Q4_0_rp_next_nf;
     case QT_Q8_0: return l1 ? gemm_Q8_0_rp_next_l1 : gemm_Q8_0_rp_next_nf;
