@@ -4,6 +4,7 @@
 #include "cpu/repack.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* ---- layouts ------------------------------------------------------------------------------
@@ -83,6 +84,10 @@
  *
  * With nb odd the last unit's second block is zero and no kernel reads it. */
 
+static_assert(offsetof(block_q5_K, d) == offsetof(block_q4_K, d) && offsetof(block_q5_K, dmin) == offsetof(block_q4_K, dmin) &&
+                  offsetof(block_q5_K, scales) == offsetof(block_q4_K, scales),
+              "Q5_K's d, dmin and scales sit where Q4_K's do");
+
 bool repack_supported(uint32_t type) {
     return type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || type == QT_Q4_0 || type == QT_Q8_0;
 }
@@ -147,21 +152,15 @@ void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int
                     uint8_t *U = G + (size_t)(b >> 1) * RP_Q80_UNIT;
                     memcpy(U + 32 * (b & 1) + 2 * r, &x->d, 2);
                     put_lanes(U + rp_q32_v(type, b & 1), r, (const uint8_t *)x->qs, 8);
-                } else if (type == QT_Q5_K) {
-                    const block_q5_K *x = (const block_q5_K *)(const void *)s + b;
-                    uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
-                    memcpy(B + RP_Q4K_D + 2 * r, &x->d, 2);
-                    memcpy(B + RP_Q4K_DMIN + 2 * r, &x->dmin, 2);
-                    put_lanes(B + RP_Q4K_SC, r, x->scales, 3);
-                    put_lanes(B + RP_Q4K_QS, r, x->qs, 32);
-                    put_lanes(B + RP_Q5K_QH, r, x->qh, 8);
-                } else if (type == QT_Q4_K) {
-                    const block_q4_K *x = (const block_q4_K *)(const void *)s + b;
-                    uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-                    memcpy(B + RP_Q4K_D + 2 * r, &x->d, 2);
-                    memcpy(B + RP_Q4K_DMIN + 2 * r, &x->dmin, 2);
-                    put_lanes(B + RP_Q4K_SC, r, x->scales, 3);
-                    put_lanes(B + RP_Q4K_QS, r, x->qs, 32);
+                } else if (type == QT_Q4_K || type == QT_Q5_K) { /* d, dmin, scales at Q4_K's offsets in both */
+                    const int q5 = type == QT_Q5_K;
+                    const uint8_t *x = s + (size_t)b * (q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
+                    uint8_t *B = G + (size_t)b * (q5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK);
+                    memcpy(B + RP_Q4K_D + 2 * r, x + offsetof(block_q4_K, d), 2);
+                    memcpy(B + RP_Q4K_DMIN + 2 * r, x + offsetof(block_q4_K, dmin), 2);
+                    put_lanes(B + RP_Q4K_SC, r, x + offsetof(block_q4_K, scales), 3);
+                    put_lanes(B + RP_Q4K_QS, r, x + (q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)), 32);
+                    if (q5) put_lanes(B + RP_Q5K_QH, r, x + offsetof(block_q5_K, qh), 8);
                 } else {
                     const block_q6_K *x = (const block_q6_K *)(const void *)s + b;
                     uint8_t *B = G + rp_q6k_header(nb) + (size_t)b * RP_Q6K_BLOCK;
@@ -183,21 +182,15 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
         const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type);
         memcpy(blk, U + 32 * (b & 1) + 2 * r, 2); /* d first in both block formats */
         get_lanes((uint8_t *)blk + 2, U + rp_q32_v(type, b & 1), r, type == QT_Q4_0 ? 4 : 8);
-    } else if (type == QT_Q5_K) {
-        block_q5_K *x = blk;
-        const uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
-        memcpy(&x->d, B + RP_Q4K_D + 2 * r, 2);
-        memcpy(&x->dmin, B + RP_Q4K_DMIN + 2 * r, 2);
-        get_lanes(x->scales, B + RP_Q4K_SC, r, 3);
-        get_lanes(x->qs, B + RP_Q4K_QS, r, 32);
-        get_lanes(x->qh, B + RP_Q5K_QH, r, 8);
-    } else if (type == QT_Q4_K) {
-        block_q4_K *x = blk;
-        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        memcpy(&x->d, B + RP_Q4K_D + 2 * r, 2);
-        memcpy(&x->dmin, B + RP_Q4K_DMIN + 2 * r, 2);
-        get_lanes(x->scales, B + RP_Q4K_SC, r, 3);
-        get_lanes(x->qs, B + RP_Q4K_QS, r, 32);
+    } else if (type == QT_Q4_K || type == QT_Q5_K) {
+        const int q5 = type == QT_Q5_K;
+        uint8_t *x = blk;
+        const uint8_t *B = G + (size_t)b * (q5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK);
+        memcpy(x + offsetof(block_q4_K, d), B + RP_Q4K_D + 2 * r, 2);
+        memcpy(x + offsetof(block_q4_K, dmin), B + RP_Q4K_DMIN + 2 * r, 2);
+        get_lanes(x + offsetof(block_q4_K, scales), B + RP_Q4K_SC, r, 3);
+        get_lanes(x + (q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)), B + RP_Q4K_QS, r, 32);
+        if (q5) get_lanes(x + offsetof(block_q5_K, qh), B + RP_Q5K_QH, r, 8);
     } else {
         block_q6_K *x = blk;
         const uint8_t *B = G + rp_q6k_header(nb) + (size_t)b * RP_Q6K_BLOCK;
@@ -322,20 +315,17 @@ RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp, QK_K, block_q8k)
 RP_GEMM_GENERIC(gemm_q4_0_rp_generic, dot_q4_0_rp, QK32, block_q8a)
 RP_GEMM_GENERIC(gemm_q8_0_rp_generic, dot_q8_0_rp, QK32, block_q8a)
 
-static quant_gemm_fn rp_generic(uint32_t type) {
-    return type == QT_Q4_K   ? gemm_q4_K_rp_generic
-           : type == QT_Q5_K ? gemm_q5_K_rp_generic
-           : type == QT_Q6_K ? gemm_q6_K_rp_generic
-           : type == QT_Q4_0 ? gemm_q4_0_rp_generic
-                             : gemm_q8_0_rp_generic;
-}
-static repack_gemm_next_fn rp_generic_next(uint32_t type) {
-    return type == QT_Q4_K   ? gemm_q4_K_rp_generic_next
-           : type == QT_Q5_K ? gemm_q5_K_rp_generic_next
-           : type == QT_Q6_K ? gemm_q6_K_rp_generic_next
-           : type == QT_Q4_0 ? gemm_q4_0_rp_generic_next
-                             : gemm_q8_0_rp_generic_next;
-}
+/* The generic kernels by type. */
+static const struct {
+    quant_gemm_fn gemm;
+    repack_gemm_next_fn next;
+} rp_generic[QT_COUNT] = {
+    [QT_Q4_K] = {gemm_q4_K_rp_generic, gemm_q4_K_rp_generic_next},
+    [QT_Q5_K] = {gemm_q5_K_rp_generic, gemm_q5_K_rp_generic_next},
+    [QT_Q6_K] = {gemm_q6_K_rp_generic, gemm_q6_K_rp_generic_next},
+    [QT_Q4_0] = {gemm_q4_0_rp_generic, gemm_q4_0_rp_generic_next},
+    [QT_Q8_0] = {gemm_q8_0_rp_generic, gemm_q8_0_rp_generic_next},
+};
 
 /* The level whose kernel runs for (type, level): the highest at or below both `level` and
  * the hardware's that has one; the generic kernel always exists. */
@@ -352,7 +342,7 @@ quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream f
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_avx512(type, form);
     case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_avx2vnni(type) : repack_gemm_avx2(type);
-    default: return rp_generic(type);
+    default: return rp_generic[type].gemm;
     }
 }
 
@@ -361,6 +351,6 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum c
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_next_avx512(type, form);
     case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_next_avx2vnni(type) : repack_gemm_next_avx2(type);
-    default: return rp_generic_next(type);
+    default: return rp_generic[type].next;
     }
 }

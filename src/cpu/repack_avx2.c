@@ -135,27 +135,40 @@ AI void q4k_min_pairs(const uint8_t *B, __m256i mp[4]) {
     mp[2] = bytes_to_words(mhi, 0), mp[3] = bytes_to_words(mhi, 1);
 }
 
-/* B: the block + 32h (weight and scale vectors of the half), D: the block's d + 16h. */
-AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
+/* Bit j of each byte of H at bit 4 (0x10), the rest zero. */
+AI __m256i q5k_bit(__m256i H, const int j) {
+    const __m256i h = j <= 4 ? _mm256_slli_epi16(H, 4 - j) : _mm256_srli_epi16(H, j - 4);
+    return _mm256_and_si256(h, _mm256_set1_epi8(0x10)); /* 16-bit shifts: bit 4 of each byte is that byte's bit j */
+}
+/* B: the block + 32h (weight and scale vectors of the half), D: the block's d + 16h; q5: a Q5_K
+ * block, whose quants get their 5th bit (bit j of the H vector's byte for sub-block j) at bit 4:
+ * u = q in 0..31, so in the plain build an int16 lane holds only 8 products (<= 8*31*127 = 31496
+ * < 2^15) and each sub-block is summed in two halves of 4 vectors, each scaled on its own. */
+AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y,
+                    float *acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
+    const int nv = q5 ? 4 : 8; /* vectors per partial sum */
     __m256i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
         const uint8_t *Bj = launder(B);
-        __m256i s[TCH];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
-            const __m256i W = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
-                pin(&s[t]); /* the sum in this order: reassociated, GCC kept all 8 products live and spilled */
+        _Pragma("GCC unroll 2") for (int i0 = 0; i0 < 8; i0 += nv) {
+            __m256i s[TCH];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 8") for (int i = i0; i < i0 + nv; i++) {
+                const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
+                __m256i W = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
+                if (q5) W = _mm256_or_si256(W, q5k_bit(LD(Bj + RP_Q5K_QH + 64 * i), j));
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
+                    pin(&s[t]); /* the sum in this order: reassociated, GCC kept all 8 products live and spilled */
+                }
             }
-        }
-        const __m256i sc = sb_scale(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            I[t] = sb_mul_add(I[t], s[t], sc);
-            pin(&I[t]);
+            const __m256i sc = sb_scale(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                I[t] = sb_mul_add(I[t], s[t], sc);
+                pin(&I[t]);
+            }
         }
     }
     __m256i mp[4];
@@ -171,7 +184,7 @@ AI void q4k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
 }
 
 /* One token against one whole Q4_K block B (both halves), accumulators a[h] updated: the same
- * integer sums and fp32 chain per lane as q4k_tokens(1, ...) on each half, in another order.
+ * integer sums and fp32 chain per lane as q45k_tokens(0, 1, ...) on each half, in another order.
  * Each 32-byte weight vector is loaded once for both of its nibbles (sub-blocks 2p and 2p+1),
  * and each activation broadcast serves both halves; the four sums of a pair run as
  * independent chains, pinned in order (reassociated, GCC keeps the products live and spills). */
@@ -220,51 +233,6 @@ static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const
     }
     _mm256_store_ps(acc, a[0]);
     _mm256_store_ps(acc + 8, a[1]);
-}
-
-/* ---- Q5_K (half h): q4k_tokens with each quant's 5th bit --------------------------------------------
- * u = q in 0..31 (bit j of the H vector's byte for sub-block j, moved to bit 4 and or-ed in). In
- * the plain build an int16 lane then holds only 8 products (<= 8*31*127 = 31496 < 2^15), so each
- * sub-block is summed in two halves of 4 vectors, each scaled on its own. */
-AI __m256i q5k_bit(__m256i H, const int j) {
-    const __m256i h = j <= 4 ? _mm256_slli_epi16(H, 4 - j) : _mm256_srli_epi16(H, j - 4);
-    return _mm256_and_si256(h, _mm256_set1_epi8(0x10)); /* 16-bit shifts: bit 4 of each byte is that byte's bit j */
-}
-AI void q5k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc) {
-    const __m256i m0f = _mm256_set1_epi8(0x0f);
-    __m256i I[TCH];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        const uint8_t *Bj = launder(B);
-        const __m256i sc = sb_scale(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
-        _Pragma("GCC unroll 2") for (int i0 = 0; i0 < 8; i0 += 4) {
-            __m256i s[TCH];
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int i = i0; i < i0 + 4; i++) {
-                const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
-                const __m256i nib = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
-                const __m256i W = _mm256_or_si256(nib, q5k_bit(LD(Bj + RP_Q5K_QH + 64 * i), j));
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                    s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
-                    pin(&s[t]);
-                }
-            }
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                I[t] = sb_mul_add(I[t], s[t], sc);
-                pin(&I[t]);
-            }
-        }
-    }
-    __m256i mp[4];
-    q4k_min_pairs(B, mp);
-    const __m256 d = ld_f16x8(D), dmin = ld_f16x8(D + (RP_Q4K_DMIN - RP_Q4K_D));
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        const __m256i M = q4k_min_sum(mp, y[t]);
-        __m256 a = _mm256_load_ps(acc + 16 * t);
-        a = chain(a, d, y[t]->d, I[t]);
-        a = chain_neg(a, dmin, y[t]->d, M);
-        _mm256_store_ps(acc + 16 * t, a);
-    }
 }
 
 /* ---- Q6_K (half h) ------------------------------------------------------------------------------- */
@@ -338,7 +306,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, con
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
                                                    const block_q8k *const *y, float *acc) {                     \
         (void)S;                                                                                                \
-        q4k_tokens(T, B, D, y, acc);                                                                            \
+        q45k_tokens(0, T, B, D, y, acc);                                                                      \
     }                                                                                                           \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
                                                    const block_q8k *const *y, float *acc) {                     \
@@ -347,7 +315,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, con
     static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
                                                    const block_q8k *const *y, float *acc) {                     \
         (void)S;                                                                                                \
-        q5k_tokens(T, B, D, y, acc);                                                                            \
+        q45k_tokens(1, T, B, D, y, acc);                                                                      \
     }
 DEF_T(1)
 DEF_T(2)

@@ -184,16 +184,23 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
     return _mm512_dpwssd_epi32(M, mp[3], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
 }
 
-/* T tokens (y[t]: their activation block) against one Q4_K block B; acc: T x 16 floats.
- * Sub-blocks go in pairs (2p, 2p+1) that share their quant bytes: each 64-byte vector Q is
+/* Bit j of each byte of H at bit 4 (0x10), the rest zero. */
+AI __m512i q5k_bit(__m512i H, const int j) {
+    const __m512i h = j <= 4 ? _mm512_slli_epi16(H, 4 - j) : _mm512_srli_epi16(H, j - 4);
+    return _mm512_and_si512(h, _mm512_set1_epi8(0x10)); /* 16-bit shifts: bit 4 of each byte is that byte's bit j */
+}
+/* T tokens (y[t]: their activation block) against one Q4_K block B (q5: a Q5_K block); acc: T x 16
+ * floats. Sub-blocks go in pairs (2p, 2p+1) that share their quant bytes: each 64-byte vector Q is
  * loaded once and feeds both, as Q & 0x0f (sub-block 2p) and Q & 0xf0 = 16 q (2p+1, whose
- * sum is shifted back exactly). Integer sums are order-free, so I is the reference's.
- * `spread` as in q4k_one. */
-AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb, float *acc,
-                   const bool spread) {
+ * sum is shifted back exactly). Q5_K or-s each quant's 5th bit in (bit j of the H vector's byte
+ * for sub-block j, at bit 4), so u = q in 0..31 (|s_j| <= 32*31*127 = 125984, |I| <= 8*63*125984
+ * = 6.35e7), and takes its high nibbles shifted down, not as 16q. Integer sums are order-free, so
+ * I is the reference's. `spread` as in q4k_one. */
+AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb,
+                    float *acc, const bool spread) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 32, 4, CPU_STREAM_NEAR_FAR);
+    if (spread) pf_lines(B, 32, q5 ? 12 : 4, CPU_STREAM_NEAR_FAR);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     /* one mask, held in a register (hi = Q & ~m0f): with two constants GCC re-made both from
      * immediates beside every weight vector (2 mov + 2 vpbroadcastd each, 128 ops a block) */
@@ -204,7 +211,12 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, con
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, CPU_STREAM_NEAR_FAR);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
-            const __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_andnot_si512(m0f, Q);
+            __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_andnot_si512(m0f, Q);
+            if (q5) {
+                const __m512i H = LD(B + RP_Q5K_QH + 64 * i);
+                lo = _mm512_or_si512(lo, q5k_bit(H, 2 * p));
+                hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f), q5k_bit(H, 2 * p + 1));
+            }
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 se[t] = dp_bcast(se[t], lo, y[t]->q + 64 * p + 4 * i);
                 so[t] = dp_bcast(so[t], hi, y[t]->q + 64 * p + 32 + 4 * i);
@@ -214,58 +226,7 @@ AI void q4k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, con
         const __m512i sco = byte_to_dword(p < 2 ? slo : shi, (2 * p + 1) & 3);
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(se[t], sce));
-            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(_mm512_srai_epi32(so[t], 4), sco));
-            pin(&I[t]);
-        }
-    }
-    const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
-                           bytes_to_words(mhi, 1)};
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        const __m512i M = q4k_min_sum_pb(mp, pb + 4 * t);
-        __m512 a = _mm512_load_ps(acc + 16 * t);
-        a = chain(a, d, y[t]->d, I[t]);
-        a = chain_neg(a, dmin, y[t]->d, M);
-        _mm512_store_ps(acc + 16 * t, a);
-    }
-}
-
-/* T tokens against one Q5_K block B: q4k_tokens with each quant's 5th bit (bit j of the H
- * vector's byte for sub-block j, moved to bit 4 and or-ed in), so u = q in 0..31 (|s_j| <=
- * 32*31*127 = 125984, |I| <= 8*63*125984 = 6.35e7) and the high nibble is shifted down rather
- * than taken as 16q. The same min term and chain. */
-AI __m512i q5k_bit(__m512i H, const int j) {
-    const __m512i h = j <= 4 ? _mm512_slli_epi16(H, 4 - j) : _mm512_srli_epi16(H, j - 4);
-    return _mm512_and_si512(h, _mm512_set1_epi8(0x10)); /* 16-bit shifts: bit 4 of each byte is that byte's bit j */
-}
-AI void q5k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb, float *acc,
-                   const bool spread) {
-    __m512i I[TCH];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 32, 12, CPU_STREAM_NEAR_FAR);
-    const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
-    const __m512i m0f = in_reg(_mm512_set1_epi8(0x0f));
-    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
-        __m512i se[TCH], so[TCH];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            if (spread) pf_lines(B, 8 * p + i, 1, CPU_STREAM_NEAR_FAR);
-            const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
-            const __m512i H = LD(B + RP_Q5K_QH + 64 * i);
-            const __m512i lo = _mm512_or_si512(_mm512_and_si512(Q, m0f), q5k_bit(H, 2 * p));
-            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f), q5k_bit(H, 2 * p + 1));
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                se[t] = dp_bcast(se[t], lo, y[t]->q + 64 * p + 4 * i);
-                so[t] = dp_bcast(so[t], hi, y[t]->q + 64 * p + 32 + 4 * i);
-            }
-        }
-        const __m512i sce = byte_to_dword(p < 2 ? slo : shi, (2 * p) & 3);
-        const __m512i sco = byte_to_dword(p < 2 ? slo : shi, (2 * p + 1) & 3);
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(se[t], sce));
-            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(so[t], sco));
+            I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(q5 ? so[t] : _mm512_srai_epi32(so[t], 4), sco));
             pin(&I[t]);
         }
     }
@@ -284,7 +245,7 @@ AI void q5k_tokens(const int T, const uint8_t *B, const block_q8k *const *y, con
 }
 
 /* One token against one Q4_K block B, returning the updated accumulator: the same integer sums
- * and fp32 chain as q4k_tokens(1, ...), but the 8 sub-block sums run as 8 interleaved chains
+ * and fp32 chain as q45k_tokens(0, 1, ...), but the 8 sub-block sums run as 8 interleaved chains
  * (vector i of all four pairs, then i+1, ...), so each chain's next vpdpbusd comes 8
  * instructions later (in L1 a few % faster than the pair-by-pair order, near the A/B tool's
  * noise; at T = 2-3 this order was slower, so the multi-token kernels keep theirs). With
@@ -442,7 +403,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q4k_tokens(T, B, y, pb, acc, spread);                                                                 \
+        q45k_tokens(0, T, B, y, pb, acc, spread);                                                               \
     }                                                                                                         \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
@@ -452,7 +413,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q5k_tokens(T, B, y, pb, acc, spread);                                                                 \
+        q45k_tokens(1, T, B, y, pb, acc, spread);                                                               \
     }
 DEF_T(1)
 DEF_T(2)
@@ -560,18 +521,29 @@ static void store_group(float *out, int g, int r1, const float *acc) {
  * cut in two halves, [g0, gm) and [gm, g1) with gm = g0 + n/2, read in lockstep (the second half's
  * extra group, if any, alone at the end): each half is one ascending stream whose requests stop at
  * its own end, the second's continuing into nx as the single stream's do. */
+/* The two halves of groups [g0, g1) in the two-l1 form (g1 - g0 >= 2): returns h, the groups per
+ * half ([g0, g0 + h) and [g0 + h, g0 + 2h); an odd last group runs alone after them); ends[s] and
+ * nxs[s] are stream s's end and continuation. Requests the second stream's first lines, which no
+ * earlier request covers. */
+static int two_halves(const uint8_t *w, size_t group_bytes, int g0, int g1, const uint8_t *end, const cpu_next *nx,
+                      const uint8_t *ends[2], const cpu_next *nxs[2]) {
+    const int h = (g1 - g0) / 2;
+    ends[0] = w + (size_t)(g0 + h) * group_bytes, ends[1] = end;
+    nxs[0] = NULL, nxs[1] = nx;
+    const size_t lead = DT_MIN((size_t)CPU_PF2_DIST, (size_t)h * group_bytes);
+    for (size_t o = 0; o < lead; o += 64) _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
+    return h;
+}
+
 static void gemm_one(const int is6, const int form, const uint8_t *w, size_t group_bytes, int g0, int g1, int r1,
                      int nb, const block_q8k *y, float *out, const cpu_next *nx) {
     float acc[32] __attribute__((aligned(64)));
     const uint8_t *end = w + (size_t)g1 * group_bytes;
     int g = g0;
     if (form == CPU_STREAM_TWO_L1 && g1 - g0 >= 2) {
-        const int h = (g1 - g0) / 2, gm = g0 + h;
-        const uint8_t *const ends[2] = {w + (size_t)gm * group_bytes, end};
-        const cpu_next *const nxs[2] = {NULL, nx};
-        /* the second stream's first lines: no earlier request covers them */
-        const size_t lead = DT_MIN((size_t)CPU_PF2_DIST, (size_t)h * group_bytes);
-        for (size_t o = 0; o < lead; o += 64) _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
+        const uint8_t *ends[2];
+        const cpu_next *nxs[2];
+        const int h = two_halves(w, group_bytes, g0, g1, end, nx, ends, nxs), gm = g0 + h;
         for (; g < gm; g++) {
             const uint8_t *const G[2] = {w + (size_t)g * group_bytes, w + (size_t)(g + h) * group_bytes};
             (is6 ? q6k_group2 : q4k_group2)(G, nb, y, acc, ends, nxs);
@@ -762,11 +734,9 @@ static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *
     if (n_tok == 1 && form == CPU_STREAM_TWO_L1) { /* gemm_one's halves, in lockstep */
         y[0] = act;
         if (g1 - g0 >= 2) {
-            const int h = (g1 - g0) / 2, gm = g0 + h;
-            const uint8_t *const ends[2] = {W + (size_t)gm * group_bytes, end};
-            const cpu_next *const nxs[2] = {NULL, nx};
-            const size_t lead = DT_MIN((size_t)CPU_PF2_DIST, (size_t)h * group_bytes);
-            for (size_t o = 0; o < lead; o += 64) _mm_prefetch((const char *)ends[0] + o, CPU_PF_HINT);
+            const uint8_t *ends[2];
+            const cpu_next *nxs[2];
+            const int h = two_halves(W, group_bytes, g0, g1, end, nx, ends, nxs), gm = g0 + h;
             for (; g < gm; g++) {
                 const uint8_t *const G[2] = {W + (size_t)g * group_bytes, W + (size_t)(g + h) * group_bytes};
                 tab[TCH + 1](G, nb, y, acc, ends, nxs, true);
