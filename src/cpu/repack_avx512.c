@@ -197,10 +197,10 @@ AI __m512i q5k_bit(__m512i H, const int j) {
  * = 6.35e7), and takes its high nibbles shifted down, not as 16q. Integer sums are order-free, so
  * I is the reference's. `spread` as in q4k_one. */
 AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb,
-                    float *acc, const bool spread) {
+                    float *acc, const bool spread, const int f) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
-    if (spread) pf_lines(B, 32, q5 ? 12 : 4, CPU_STREAM_NEAR_FAR);
+    if (spread) pf_lines(B, 32, q5 ? 12 : 4, f);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     /* one mask, held in a register (hi = Q & ~m0f): with two constants GCC re-made both from
      * immediates beside every weight vector (2 mov + 2 vpbroadcastd each, 128 ops a block) */
@@ -209,7 +209,7 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k
         __m512i se[TCH], so[TCH];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            if (spread) pf_lines(B, 8 * p + i, 1, CPU_STREAM_NEAR_FAR);
+            if (spread) pf_lines(B, 8 * p + i, 1, f);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_andnot_si512(m0f, Q);
             if (q5) {
@@ -403,7 +403,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q45k_tokens(0, T, B, y, pb, acc, spread);                                                               \
+        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR);                                                             \
     }                                                                                                         \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
@@ -413,7 +413,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q45k_tokens(1, T, B, y, pb, acc, spread);                                                               \
+        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR);                                                             \
     }
 DEF_T(1)
 DEF_T(2)
@@ -465,6 +465,24 @@ AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, con
     _mm512_store_ps(acc, a);
 }
 
+/* The same for Q5_K, through its chunk kernel at T = 1 (the accumulator makes a round trip through
+ * acc per block). */
+AI void q5k_block1(const uint8_t *G, int b, const block_q8k *y, float *acc, const uint8_t *end, const cpu_next *nx,
+                   const int f) {
+    const uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
+    const bool spread = B + CPU_FORM_SPAN(f) + RP_Q5K_BLOCK <= end;
+    if (!spread) cpu_prefetch_ahead_form(B, RP_Q5K_BLOCK, end, nx, f);
+    int32_t pb[4] __attribute__((aligned(16)));
+    q4k_pair_sums(y + b, pb);
+    const block_q8k *const yb[1] = {y + b};
+    q45k_tokens(1, 1, B, yb, pb, acc, spread, f);
+}
+AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
+                   const cpu_next *nx, const int f) {
+    _mm512_store_ps(acc, _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++) q5k_block1(G, b, y, acc, end, nx, f);
+}
+
 /* One token against two groups G[0], G[1] in lockstep, block by block (CPU_STREAM_TWO_L1: two
  * streams, each with its own end[s] and continuation nx[s]); each group's chain is
  * q4k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. */
@@ -499,6 +517,15 @@ static __attribute__((noinline)) void q6k_group2(const uint8_t *const G[2], int 
     _mm512_store_ps(acc + 16, a[1]);
 }
 
+static __attribute__((noinline)) void q5k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *const end[2], const cpu_next *const nx[2]) {
+    _mm512_store_ps(acc, _mm512_setzero_ps());
+    _mm512_store_ps(acc + 16, _mm512_setzero_ps());
+    for (int b = 0; b < nb; b++)
+        _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++)
+            q5k_block1(G[s], b, launder_y(y), acc + 16 * s, end[s], nx[s], CPU_STREAM_TWO_L1);
+}
+
 /* The one-token kernels, one per (type, stream form). */
 typedef void (*one_fn)(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
                        const cpu_next *nx);
@@ -511,6 +538,13 @@ DEF_ONE(q4k_one_nf, q4k_group1, CPU_STREAM_NEAR_FAR)
 DEF_ONE(q6k_one_nf, q6k_group1, CPU_STREAM_NEAR_FAR)
 DEF_ONE(q4k_one_l1, q4k_group1, CPU_STREAM_TWO_L1)
 DEF_ONE(q6k_one_l1, q6k_group1, CPU_STREAM_TWO_L1)
+DEF_ONE(q5k_one_nf, q5k_group1, CPU_STREAM_NEAR_FAR)
+DEF_ONE(q5k_one_l1, q5k_group1, CPU_STREAM_TWO_L1)
+/* [0: Q4_K, 1: Q6_K, 2: Q5_K]: the one-token kernels [near-far, two-l1], and the two-group one */
+static const one_fn one_table[3][2] = {{q4k_one_nf, q4k_one_l1}, {q6k_one_nf, q6k_one_l1}, {q5k_one_nf, q5k_one_l1}};
+typedef void (*two_fn)(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
+                       const cpu_next *const nx[2]);
+static const two_fn two_table[3] = {q4k_group2, q6k_group2, q5k_group2};
 /* Stores the sums of group g (16 lanes at acc) to out, rows below r1 only. */
 static void store_group(float *out, int g, int r1, const float *acc) {
     const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -535,7 +569,7 @@ static int two_halves(const uint8_t *w, size_t group_bytes, int g0, int g1, cons
     return h;
 }
 
-static void gemm_one(const int is6, const int form, const uint8_t *w, size_t group_bytes, int g0, int g1, int r1,
+static void gemm_one(const int ti, const int form, const uint8_t *w, size_t group_bytes, int g0, int g1, int r1,
                      int nb, const block_q8k *y, float *out, const cpu_next *nx) {
     float acc[32] __attribute__((aligned(64)));
     const uint8_t *end = w + (size_t)g1 * group_bytes;
@@ -546,13 +580,13 @@ static void gemm_one(const int is6, const int form, const uint8_t *w, size_t gro
         const int h = two_halves(w, group_bytes, g0, g1, end, nx, ends, nxs), gm = g0 + h;
         for (; g < gm; g++) {
             const uint8_t *const G[2] = {w + (size_t)g * group_bytes, w + (size_t)(g + h) * group_bytes};
-            (is6 ? q6k_group2 : q4k_group2)(G, nb, y, acc, ends, nxs);
+            two_table[ti](G, nb, y, acc, ends, nxs);
             store_group(out, g, r1, acc);
             store_group(out, g + h, r1, acc + 16);
         }
         g = gm + h;
     }
-    const one_fn one = form == CPU_STREAM_TWO_L1 ? (is6 ? q6k_one_l1 : q4k_one_l1) : (is6 ? q6k_one_nf : q4k_one_nf);
+    const one_fn one = one_table[ti][form == CPU_STREAM_TWO_L1];
     for (; g < g1; g++) {
         one(w + (size_t)g * group_bytes, nb, y, acc, end, nx);
         store_group(out, g, r1, acc);
@@ -569,8 +603,8 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const block_q8k *y[TCH];
-    if (n_tok == 1 && !is5) { /* Q5_K: its one-token kernel is the chunk kernel's T = 1 */
-        gemm_one(is6, form, w, group_bytes, g0, g1, r1, nb, (const block_q8k *)act, out, nx);
+    if (n_tok == 1) {
+        gemm_one(ti, form, w, group_bytes, g0, g1, r1, nb, (const block_q8k *)act, out, nx);
         return;
     }
     /* Q4_K: every token's pair sums for every block, [block][token][4], made once per chunk of
@@ -779,13 +813,14 @@ DEF_GEMM(Q4_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q5_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q6_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q4_K, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM(Q5_K, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q6_K, CPU_STREAM_TWO_L1, _l1)
 
 quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
     const int l1 = form == CPU_STREAM_TWO_L1;
     switch (type) {
     case QT_Q4_K: return l1 ? gemm_Q4_K_rp_l1 : gemm_Q4_K_rp_nf;
-    case QT_Q5_K: return gemm_Q5_K_rp_nf; /* one form: no two-l1 kernel of its own */
+    case QT_Q5_K: return l1 ? gemm_Q5_K_rp_l1 : gemm_Q5_K_rp_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_l1 : gemm_Q6_K_rp_nf;
     case QT_Q4_0: return l1 ? gemm_Q4_0_rp_l1 : gemm_Q4_0_rp_nf;
     case QT_Q8_0: return l1 ? gemm_Q8_0_rp_l1 : gemm_Q8_0_rp_nf;
@@ -797,7 +832,7 @@ repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form)
     const int l1 = form == CPU_STREAM_TWO_L1;
     switch (type) {
     case QT_Q4_K: return l1 ? gemm_Q4_K_rp_next_l1 : gemm_Q4_K_rp_next_nf;
-    case QT_Q5_K: return gemm_Q5_K_rp_next_nf;
+    case QT_Q5_K: return l1 ? gemm_Q5_K_rp_next_l1 : gemm_Q5_K_rp_next_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_next_l1 : gemm_Q6_K_rp_next_nf;
     case QT_Q4_0: return l1 ? gemm_Q4_0_rp_next_l1 : gemm_Q4_0_rp_next_nf;
     case QT_Q8_0: return l1 ? gemm_Q8_0_rp_next_l1 : gemm_Q8_0_rp_next_nf;
