@@ -1,4 +1,4 @@
-/* bench_repack.c — weight-streaming speed of the repacked Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 gemm (src/cpu/repack*.c)
+/* bench_repack.c — weight-streaming speed of the repacked K-quant and 32-weight-block gemm (src/cpu/repack*.c)
  * against the row-major kernels (cpu_quant_gemm), on a matrix of >= SIZE GiB (default 1) with
  * rows of K (default 2048), at n_tok 1, 2, 4, 8, 16 and 1..THREADS threads (rows split in 16-row
  * groups). Prints GB/s of weight bytes and GMAC/s, best of REPS passes; also checks that the
@@ -8,11 +8,11 @@
  *   cc -std=c11 -D_GNU_SOURCE -O2 -iquote src -o build-rp/bench_repack bench/bench_repack.c \
  *      build-rp/libditto.a -lm -pthread
  *   ./build-rp/bench_repack [SIZE_GIB=1] [REPS=5] [THREADS=2] [LEVEL=avx512|avx2|generic]
- *                           [TYPES=q4_k,q6_k(,q5_k,q4_0,q8_0)] [NTOK=1,2,4,8,16] [HUGE=0|1] [K=2048]
+ *                           [TYPES=q4_k,q6_k(,q5_k,q4_0,q4_1,q5_0,q5_1,q8_0)] [NTOK=1,2,4,8,16] [HUGE=0|1] [K=2048]
  * HUGE=1 backs both matrices with transparent huge pages (madvise(MADV_HUGEPAGE)).
  *
  *   ./build-rp/bench_repack gguf MODEL.gguf [LAYER=0 | NAME_PREFIX] [REPS=5]
- * Real weights: every repackable (Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0) tensor of block LAYER, or whose name starts with NAME_PREFIX
+ * Real weights: every repackable (repack_supported) tensor of block LAYER, or whose name starts with NAME_PREFIX
  * (e.g. output.), (3-d expert tensors as ne[2] matrices)
  * is repacked; every matrix's repacked gemm (generic, avx2, avx512) is checked bitwise against
  * the reference at n_tok 1, 3 and 8 on random activations, and each tensor is timed per matrix
@@ -193,13 +193,13 @@ int main(int argc, char **argv) {
     }
     const char *tsel = argc > 5 ? argv[5] : "q4_k,q6_k";
     g_huge = argc > 7 ? atoi(argv[7]) : 0;
-    const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q8_0};
-    static const char *const tnames[] = {"q4_k", "q5_k", "q6_k", "q4_0", "q8_0"};
+    const uint32_t types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
+    static const char *const tnames[] = {"q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"};
     printf("bench_repack: K=%d, >= %.2f GiB per matrix, best of %d, level %s%s\n", k, gib, reps, cpu_level_name(lv),
            g_huge ? ", huge pages" : "");
     printf("%-5s %5s %3s | %-22s | %-22s | %s\n", "type", "n_tok", "thr", "row-major GB/s GMAC/s", "repacked  GB/s GMAC/s",
            "speedup");
-    for (int ti = 0; ti < 5; ti++) {
+    for (int ti = 0; ti < 8; ti++) {
         const uint32_t type = types[ti];
         const quant_traits *tr = quant_traits_of(type);
         if (!strstr(tsel, tnames[ti]) || k % (int)tr->blck) continue;
@@ -217,8 +217,9 @@ int main(int argc, char **argv) {
             if (type == QT_Q4_K || type == QT_Q5_K) {
                 memcpy(blk, &d, 2);
                 memcpy(blk + 2, &dm, 2);
-            } else if (type != QT_Q6_K) {
+            } else if (type != QT_Q6_K) { /* the 32-weight blocks: d first (Q4_1 / Q5_1: m next) */
                 memcpy(blk, &d, 2);
+                if (type == QT_Q4_1 || type == QT_Q5_1) memcpy(blk + 2, &dm, 2);
             } else {
                 memcpy(blk + 208, &d, 2);
             }

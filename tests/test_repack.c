@@ -1,4 +1,4 @@
-/* test_repack.c — repacked (row-interleaved) Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 matrices (src/cpu/repack.c,
+/* test_repack.c — repacked (row-interleaved) Q4_K / Q5_K / Q6_K / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices (src/cpu/repack.c,
  * repack_avx*.c): the repack round-trips, split repacks equal whole ones, and the repacked
  * gemm at every level (generic, avx2 — its plain and, where the CPU has AVX-VNNI, its AVX-VNNI
  * build — and avx512, where the CPU has them) is bitwise equal to the
@@ -45,7 +45,7 @@ static fp16_t rnd_fp16_scale(int adv) {
 
 /* Random well-formed blocks; adv adds max-quant blocks (every quant bit set, 6-bit scales 63 /
  * int8 scales -128 or 127), zero-scale blocks and extreme fp16 d. */
-static bool is_q32(uint32_t type) { return type == QT_Q4_0 || type == QT_Q8_0; }
+static bool is_q32(uint32_t type) { return rp_is_q32(type); }
 
 static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
     const quant_traits *tr = quant_traits_of(type);
@@ -53,12 +53,13 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t nbytes, int adv) {
     const size_t nb = nbytes / tr->bytes;
     for (size_t b = 0; b < nb; b++) {
         uint8_t *blk = w + b * tr->bytes;
-        if (is_q32(type)) { /* adversarially every quant at one end of its range: q - 8 = 7 / -8, q = 127 / -128 */
+        if (is_q32(type)) { /* adversarially every quant (and 5th bit) at one end of its range; Q8_0: 127 / -128 */
             const int kind = adv ? test_rndi(4) : 3;
             if (kind < 2) memset(blk + 2, kind ? 0xFF : (type == QT_Q8_0 ? 0x80 : 0x00), tr->bytes - 2);
             if (kind == 2 && type == QT_Q8_0) memset(blk + 2, 0x7F, tr->bytes - 2);
-            const fp16_t d = rnd_fp16_scale(adv);
+            const fp16_t d = rnd_fp16_scale(adv), m = rnd_fp16_scale(adv);
             memcpy(blk, &d, 2);
+            if (type == QT_Q4_1 || type == QT_Q5_1) memcpy(blk + 2, &m, 2); /* m right after d in both */
             continue;
         }
         if (adv) {
@@ -310,9 +311,11 @@ static void test_layout(uint32_t type) {
     else if (type == QT_Q6_K) CHECK(gb == 16 * rb + 32, "Q6_K repacked group (odd nb) = 16 rows + 32 B (%zu vs %zu)", gb, 16 * rb);
     else CHECK(gb == 16 * (rb + tr->bytes), "%s repacked group (odd nb) = 16 rows + a block each (%zu vs %zu)", tr->name, gb, 16 * rb);
     CHECK(repack_group_bytes(QT_Q6_K, 2048) == 16 * quant_row_bytes(QT_Q6_K, 2048), "Q6_K even nb: no overhead");
-    CHECK(repack_group_bytes(QT_Q4_0, 2048) == 16 * quant_row_bytes(QT_Q4_0, 2048) &&
-              repack_group_bytes(QT_Q8_0, 64) == 16 * quant_row_bytes(QT_Q8_0, 64),
-          "Q4_0 / Q8_0 even nb: no overhead");
+    static const uint32_t T32[] = {QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
+    for (int i = 0; i < 5; i++)
+        CHECK(repack_group_bytes(T32[i], 2048) == 16 * quant_row_bytes(T32[i], 2048) &&
+                  repack_group_bytes(T32[i], 64) == 16 * quant_row_bytes(T32[i], 64),
+              "%s even nb: no overhead", quant_traits_of(T32[i])->name);
     uint8_t *w = xmalloc(rb * R);
     fill_weights(type, w, rb * R, 1);
     const size_t tot = repack_bytes(type, R, k);
@@ -361,18 +364,18 @@ static void test_api(void) {
     CHECK(repack_supported(QT_Q4_K) && repack_supported(QT_Q5_K) && repack_supported(QT_Q6_K) &&
               repack_supported(QT_Q4_0) && repack_supported(QT_Q8_0),
           "Q4_K, Q5_K, Q6_K, Q4_0, Q8_0 supported");
-    CHECK(!repack_supported(QT_Q4_1) && !repack_supported(QT_Q5_0) && !repack_supported(QT_Q5_1) &&
-              !repack_supported(QT_F32) && !repack_supported(QT_BF16),
-          "others not");
+    CHECK(repack_supported(QT_Q4_1) && repack_supported(QT_Q5_0) && repack_supported(QT_Q5_1),
+          "Q4_1, Q5_0, Q5_1 supported");
+    CHECK(!repack_supported(QT_F32) && !repack_supported(QT_F16) && !repack_supported(QT_BF16), "float types not");
     const enum cpu_stream NF = CPU_STREAM_NEAR_FAR, L1 = CPU_STREAM_TWO_L1;
-    CHECK(repack_gemm(QT_Q5_0, CPU_AVX512, NF) == NULL, "no gemm for an unsupported type");
-    static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q8_0};
+    CHECK(repack_gemm(QT_F16, CPU_AVX512, NF) == NULL, "no gemm for an unsupported type");
+    static const uint32_t TYPES[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
     for (int lv = CPU_GENERIC; lv <= CPU_AVX512; lv++)
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 8; i++)
             CHECK(repack_gemm(TYPES[i], (enum cpu_level)lv, NF) && repack_gemm_next(TYPES[i], (enum cpu_level)lv, NF),
                   "a %s kernel at level %s", quant_traits_of(TYPES[i])->name, cpu_level_name((enum cpu_level)lv));
     /* each level at or below the hardware's runs its own kernels, not a lower level's */
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 8; i++)
         for (int lv = CPU_AVX2; lv <= (int)g_max; lv++)
             CHECK(repack_gemm(TYPES[i], (enum cpu_level)lv, NF) != repack_gemm(TYPES[i], (enum cpu_level)(lv - 1), NF),
                   "%s: level %s has its own kernel", quant_traits_of(TYPES[i])->name, cpu_level_name((enum cpu_level)lv));
@@ -436,11 +439,17 @@ int main(void) {
     test_layout(QT_Q5_K);
     test_layout(QT_Q6_K);
     test_layout(QT_Q4_0);
+    test_layout(QT_Q4_1);
+    test_layout(QT_Q5_0);
+    test_layout(QT_Q5_1);
     test_layout(QT_Q8_0);
     test_gemm(QT_Q4_K);
     test_gemm(QT_Q5_K);
     test_gemm(QT_Q6_K);
     test_gemm(QT_Q4_0);
+    test_gemm(QT_Q4_1);
+    test_gemm(QT_Q5_0);
+    test_gemm(QT_Q5_1);
     test_gemm(QT_Q8_0);
     printf("  %d gemm cases x %d levels (and %d stream forms at avx512) in %.1f s\n", n_cases, (int)g_max + 1,
            CPU_STREAM_COUNT, time_now() - t0);

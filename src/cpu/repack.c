@@ -1,4 +1,4 @@
-/* repack.c — the repacked (row-interleaved) layouts of Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0, the repack itself, a
+/* repack.c — the repacked (row-interleaved) layouts of Q4_K, Q5_K, Q6_K and the 32-weight-block types, the repack itself, a
  * scalar kernel on the repacked layout (bitwise equal to the reference in quant.c) and the
  * per-level dispatch. See repack.h. */
 #include "cpu/repack.h"
@@ -68,19 +68,22 @@
  * the padding rows of the last group are zero (d = 0, quants 0) and their outputs are never
  * stored. The repacked bytes are a function of the source alone (padding always zeroed).
  *
- * Q4_0 / Q8_0 (32-weight blocks, nb = k/32) — group g = ceil(nb/2) units, each two blocks
- * (2u, 2u+1) of the 16 rows; unit u at g*group_bytes + u*U:
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32-weight blocks, nb = k/32) — group g = ceil(nb/2) units, each
+ * two blocks (2u, 2u+1) of the 16 rows; unit u at g*group_bytes + u*U (rp_q32_* in repack.h):
  *
- *   Q4_0, U = 576 B (9 lines):                  Q8_0, U = 1088 B (17 lines):
- *   +0    d[16] of block 2u     fp16 (32 B)     +0    d[16] of block 2u     (32 B)
- *   +32   d[16] of block 2u+1   fp16 (32 B)     +32   d[16] of block 2u+1   (32 B)
- *   +64   V[0..3] of block 2u   (256 B)         +64   V[0..7] of block 2u   (512 B)
- *   +320  V[0..3] of block 2u+1 (256 B)         +576  V[0..7] of block 2u+1 (512 B)
+ *   +0    d[16] of block 2u, fp16 (32 B) | d[16] of block 2u+1 (32 B)
+ *   +64   m[16] of block 2u      (32 B) | m[16] of block 2u+1  (32 B)     Q4_1, Q5_1 only
+ *   then for block 2u, then 2u+1:
+ *         H     5th-bit dword vector (64 B), lane r = block's qh_r permuted  Q5_0, Q5_1 only
+ *         V[0..3] (Q8_0: V[0..7]) weight vectors, V[v] lane r = qs_r[4v .. 4v+3]
  *
- *          V[v] lane r = qs_r[4v .. 4v+3] of that block (dword vectors as above):
- *          Q4_0: V[v] & 0x0F = weights 4v .. 4v+3, V[v] >> 4 = weights 16 + 4v .. +3 (q, 0..15;
- *                w = d * (q - 8));
- *          Q8_0: V[v] = int8 weights 4v .. 4v+3 as stored (w = d * q).
+ *   U = 576 B (Q4_0), 640 (Q4_1), 704 (Q5_0), 768 (Q5_1), 1088 (Q8_0): 9-17 lines.
+ *   4-bit types: V[v] & 0x0F = low 4 bits of weights 4v .. 4v+3, V[v] >> 4 those of 16 + 4v .. +3;
+ *   Q8_0: V[v] = int8 weights 4v .. 4v+3 as stored.
+ *   H lane r: bit 8b + v = 5th bit of weight 4v + b, bit 8b + 4 + v = that of weight 16 + 4v + b
+ *   (b, v = 0..3; the block's qh has weight i's at bit i), so V[v]'s 5th bits sit at bit v (low
+ *   nibbles) and bit 4 + v (high nibbles) of each byte of H.
+ *   w = d*(q - 8) (Q4_0), d*q + m (Q4_1), d*(q - 16) (Q5_0), d*q + m (Q5_1), d*q (Q8_0).
  *
  * With nb odd the last unit's second block is zero and no kernel reads it. */
 
@@ -89,19 +92,45 @@ static_assert(offsetof(block_q5_K, d) == offsetof(block_q4_K, d) && offsetof(blo
               "Q5_K's d, dmin and scales sit where Q4_K's do");
 
 bool repack_supported(uint32_t type) {
-    return type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || type == QT_Q4_0 || type == QT_Q8_0;
+    return type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || rp_is_q32(type);
 }
 
 /* Weights per block of a supported type. */
-static int rp_qk(uint32_t type) { return type == QT_Q4_0 || type == QT_Q8_0 ? QK32 : QK_K; }
+static int rp_qk(uint32_t type) { return rp_is_q32(type) ? QK32 : QK_K; }
+
+/* A 32-weight block's m, qh and qs offsets (m, qh: 0 where it has none). */
+static size_t q32_m_off(uint32_t t) { return t == QT_Q4_1 ? offsetof(block_q4_1, m) : t == QT_Q5_1 ? offsetof(block_q5_1, m) : 0; }
+static size_t q32_qh_off(uint32_t t) { return t == QT_Q5_0 ? offsetof(block_q5_0, qh) : t == QT_Q5_1 ? offsetof(block_q5_1, qh) : 0; }
+static size_t q32_qs_off(uint32_t t) {
+    return t == QT_Q4_0 ? offsetof(block_q4_0, qs) : t == QT_Q4_1 ? offsetof(block_q4_1, qs) : t == QT_Q5_0 ? offsetof(block_q5_0, qs)
+           : t == QT_Q5_1 ? offsetof(block_q5_1, qs) : offsetof(block_q8_0, qs);
+}
+/* A block's qh (bit i: weight i) as its H lane (layout above), and back. */
+static uint32_t q32_h_of(uint32_t qh) {
+    uint32_t h = 0;
+    for (int v = 0; v < 4; v++)
+        for (int b = 0; b < 4; b++) {
+            h |= ((qh >> (4 * v + b)) & 1u) << (8 * b + v);
+            h |= ((qh >> (16 + 4 * v + b)) & 1u) << (8 * b + 4 + v);
+        }
+    return h;
+}
+static uint32_t q32_qh_of(uint32_t h) {
+    uint32_t qh = 0;
+    for (int v = 0; v < 4; v++)
+        for (int b = 0; b < 4; b++) {
+            qh |= ((h >> (8 * b + v)) & 1u) << (4 * v + b);
+            qh |= ((h >> (8 * b + 4 + v)) & 1u) << (16 + 4 * v + b);
+        }
+    return qh;
+}
 
 size_t repack_group_bytes(uint32_t type, int k) {
     DT_ASSERT(repack_supported(type) && k > 0 && k % rp_qk(type) == 0);
     const int nb = k / rp_qk(type);
     if (type == QT_Q4_K) return (size_t)nb * RP_Q4K_BLOCK;
     if (type == QT_Q5_K) return (size_t)nb * RP_Q5K_BLOCK;
-    if (type == QT_Q4_0) return (size_t)((nb + 1) / 2) * RP_Q40_UNIT;
-    if (type == QT_Q8_0) return (size_t)((nb + 1) / 2) * RP_Q80_UNIT;
+    if (rp_is_q32(type)) return (size_t)((nb + 1) / 2) * rp_q32_unit(type);
     return rp_q6k_header(nb) + (size_t)nb * RP_Q6K_BLOCK;
 }
 
@@ -135,23 +164,26 @@ void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int
     const size_t gb = repack_group_bytes(type, k);
     for (int g = g0; g < g1; g++) {
         uint8_t *G = (uint8_t *)dst + (size_t)g * gb;
-        if ((g + 1) * REPACK_ROWS > rows || (nb & 1 && rp_qk(type) == QK32)) memset(G, 0, gb); /* padding rows, the odd last block */
+        if ((g + 1) * REPACK_ROWS > rows || (nb & 1 && rp_is_q32(type))) memset(G, 0, gb); /* padding rows, the odd last block */
         else if (type == QT_Q6_K) memset(G, 0, rp_q6k_header(nb)); /* the header's padding */
         for (int r = 0; r < REPACK_ROWS; r++) {
             const int row = g * REPACK_ROWS + r;
             if (row >= rows) break;
             const uint8_t *s = (const uint8_t *)src + (size_t)row * row_bytes;
             for (int b = 0; b < nb; b++) {
-                if (type == QT_Q4_0) {
-                    const block_q4_0 *x = (const block_q4_0 *)(const void *)s + b;
-                    uint8_t *U = G + (size_t)(b >> 1) * RP_Q40_UNIT;
-                    memcpy(U + 32 * (b & 1) + 2 * r, &x->d, 2);
-                    put_lanes(U + rp_q32_v(type, b & 1), r, x->qs, 4);
-                } else if (type == QT_Q8_0) {
-                    const block_q8_0 *x = (const block_q8_0 *)(const void *)s + b;
-                    uint8_t *U = G + (size_t)(b >> 1) * RP_Q80_UNIT;
-                    memcpy(U + 32 * (b & 1) + 2 * r, &x->d, 2);
-                    put_lanes(U + rp_q32_v(type, b & 1), r, (const uint8_t *)x->qs, 8);
+                if (rp_is_q32(type)) { /* d first in every 32-weight block */
+                    const uint8_t *x = s + (size_t)b * quant_traits_of(type)->bytes;
+                    uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type);
+                    const int h = b & 1;
+                    memcpy(U + rp_q32_d(h) + 2 * r, x, 2);
+                    if (rp_q32_has_m(type)) memcpy(U + rp_q32_m(h) + 2 * r, x + q32_m_off(type), 2);
+                    if (rp_q32_has_h(type)) {
+                        uint32_t qh;
+                        memcpy(&qh, x + q32_qh_off(type), 4);
+                        const uint32_t hv = q32_h_of(qh);
+                        memcpy(U + rp_q32_h(type, h) + 4 * r, &hv, 4);
+                    }
+                    put_lanes(U + rp_q32_v(type, h), r, x + q32_qs_off(type), rp_q32_nv(type));
                 } else if (type == QT_Q4_K || type == QT_Q5_K) { /* d, dmin, scales at Q4_K's offsets in both */
                     const int q5 = type == QT_Q5_K;
                     const uint8_t *x = s + (size_t)b * (q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
@@ -178,10 +210,19 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
     DT_ASSERT(repack_supported(type) && k % rp_qk(type) == 0 && row >= 0 && b >= 0 && b < k / rp_qk(type));
     const int nb = k / rp_qk(type), r = row % REPACK_ROWS;
     const uint8_t *G = (const uint8_t *)wp + (size_t)(row / REPACK_ROWS) * group_bytes;
-    if (type == QT_Q4_0 || type == QT_Q8_0) {
+    if (rp_is_q32(type)) {
         const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type);
-        memcpy(blk, U + 32 * (b & 1) + 2 * r, 2); /* d first in both block formats */
-        get_lanes((uint8_t *)blk + 2, U + rp_q32_v(type, b & 1), r, type == QT_Q4_0 ? 4 : 8);
+        const int h = b & 1;
+        uint8_t *x = blk;
+        memcpy(x, U + rp_q32_d(h) + 2 * r, 2);
+        if (rp_q32_has_m(type)) memcpy(x + q32_m_off(type), U + rp_q32_m(h) + 2 * r, 2);
+        if (rp_q32_has_h(type)) {
+            uint32_t hv;
+            memcpy(&hv, U + rp_q32_h(type, h) + 4 * r, 4);
+            const uint32_t qh = q32_qh_of(hv);
+            memcpy(x + q32_qh_off(type), &qh, 4);
+        }
+        get_lanes(x + q32_qs_off(type), U + rp_q32_v(type, h), r, rp_q32_nv(type));
     } else if (type == QT_Q4_K || type == QT_Q5_K) {
         const int q5 = type == QT_Q5_K;
         uint8_t *x = blk;
@@ -266,26 +307,44 @@ static float dot_q6_K_rp(const uint8_t *G, int r, const block_q8k *y, int nb) {
     return acc;
 }
 
-/* Q4_0 / Q8_0: I = sum (q - 8) * a, or sum q * a, then the reference's chain (quant.c dot_q4_0,
- * dot_q8_0). */
+/* The 32-weight blocks: I = sum (q - off) * a, then the reference's chain (quant.c dot_q4_0 ..
+ * dot_q8_0), with the m term for Q4_1 / Q5_1. */
 static float dot_q32_rp(const uint32_t type, const uint8_t *G, int r, const block_q8a *y, int nb) {
+    const int off = type == QT_Q4_0 ? 8 : type == QT_Q5_0 ? 16 : 0;
     float acc = 0.0f;
     for (int b = 0; b < nb; b++, y++) {
-        const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type), *V = U + rp_q32_v(type, b & 1);
-        fp16_t d;
-        memcpy(&d, U + 32 * (b & 1) + 2 * r, 2);
+        const int h = b & 1;
+        const uint8_t *U = G + (size_t)(b >> 1) * rp_q32_unit(type), *V = U + rp_q32_v(type, h);
+        fp16_t d, m;
+        uint32_t hv = 0;
+        memcpy(&d, U + rp_q32_d(h) + 2 * r, 2);
+        if (rp_q32_has_h(type)) memcpy(&hv, U + rp_q32_h(type, h) + 4 * r, 4);
         int32_t I = 0;
         for (int l = 0; l < QK32; l++) {
-            const int q = type == QT_Q8_0 ? (int8_t)lane_byte(V, r, l)
-                                          : (l < 16 ? lane_byte(V, r, l) & 0xF : lane_byte(V, r, l - 16) >> 4) - 8;
-            I += q * y->q[l];
+            int q;
+            if (type == QT_Q8_0) q = (int8_t)lane_byte(V, r, l);
+            else {
+                const int i = l & 15, v = i >> 2, bb = i & 3;
+                q = l < 16 ? lane_byte(V, r, i) & 0xF : lane_byte(V, r, i) >> 4;
+                q |= (int)((hv >> (8 * bb + 4 * (l >> 4) + v)) & 1u) << 4; /* 0 without H */
+            }
+            I += (q - off) * y->q[l];
         }
         acc = fmaf(fp16_to_f32(d) * y->d, (float)I, acc);
+        if (rp_q32_has_m(type)) {
+            memcpy(&m, U + rp_q32_m(h) + 2 * r, 2);
+            acc = fmaf(fp16_to_f32(m) * y->d, (float)y->s, acc);
+        }
     }
     return acc;
 }
-static float dot_q4_0_rp(const uint8_t *G, int r, const block_q8a *y, int nb) { return dot_q32_rp(QT_Q4_0, G, r, y, nb); }
-static float dot_q8_0_rp(const uint8_t *G, int r, const block_q8a *y, int nb) { return dot_q32_rp(QT_Q8_0, G, r, y, nb); }
+#define DOT32(T, t) \
+    static float dot_##t##_rp(const uint8_t *G, int r, const block_q8a *y, int nb) { return dot_q32_rp(T, G, r, y, nb); }
+DOT32(QT_Q4_0, q4_0)
+DOT32(QT_Q4_1, q4_1)
+DOT32(QT_Q5_0, q5_0)
+DOT32(QT_Q5_1, q5_1)
+DOT32(QT_Q8_0, q8_0)
 
 /* NAME: the generic gemm; NAME##_next: the same with repack_gemm_next's signature (the generic
  * kernels do not prefetch: nx is only a hint). */
@@ -313,6 +372,9 @@ RP_GEMM_GENERIC(gemm_q4_K_rp_generic, dot_q4_K_rp, QK_K, block_q8k)
 RP_GEMM_GENERIC(gemm_q5_K_rp_generic, dot_q5_K_rp, QK_K, block_q8k)
 RP_GEMM_GENERIC(gemm_q6_K_rp_generic, dot_q6_K_rp, QK_K, block_q8k)
 RP_GEMM_GENERIC(gemm_q4_0_rp_generic, dot_q4_0_rp, QK32, block_q8a)
+RP_GEMM_GENERIC(gemm_q4_1_rp_generic, dot_q4_1_rp, QK32, block_q8a)
+RP_GEMM_GENERIC(gemm_q5_0_rp_generic, dot_q5_0_rp, QK32, block_q8a)
+RP_GEMM_GENERIC(gemm_q5_1_rp_generic, dot_q5_1_rp, QK32, block_q8a)
 RP_GEMM_GENERIC(gemm_q8_0_rp_generic, dot_q8_0_rp, QK32, block_q8a)
 
 /* The generic kernels by type. */
@@ -324,6 +386,9 @@ static const struct {
     [QT_Q5_K] = {gemm_q5_K_rp_generic, gemm_q5_K_rp_generic_next},
     [QT_Q6_K] = {gemm_q6_K_rp_generic, gemm_q6_K_rp_generic_next},
     [QT_Q4_0] = {gemm_q4_0_rp_generic, gemm_q4_0_rp_generic_next},
+    [QT_Q4_1] = {gemm_q4_1_rp_generic, gemm_q4_1_rp_generic_next},
+    [QT_Q5_0] = {gemm_q5_0_rp_generic, gemm_q5_0_rp_generic_next},
+    [QT_Q5_1] = {gemm_q5_1_rp_generic, gemm_q5_1_rp_generic_next},
     [QT_Q8_0] = {gemm_q8_0_rp_generic, gemm_q8_0_rp_generic_next},
 };
 

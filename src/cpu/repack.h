@@ -1,5 +1,5 @@
-/* repack.h — row-interleaved ("repacked") Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 weight matrices and their
- * gemm kernels.
+/* repack.h — row-interleaved ("repacked") weight matrices — Q4_K, Q5_K, Q6_K and the 32-weight-block
+ * types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 — and their gemm kernels.
  *
  * A repacked matrix groups 16 consecutive rows (a row group; the last group is padded with
  * zero rows) and stores, for each block index b in ascending order, the 16 rows' block b
@@ -15,9 +15,9 @@
  * integer block sums are exact, and each lane runs the reference's fp32 chain over blocks
  * in ascending order. tests/test_repack.c proves it.
  *
- * Repacked data is as large as the original (Q4_K, Q5_K, and Q4_0 / Q8_0 with k/32 even: exactly;
- * Q6_K: plus 32 bytes per group when k/256 is odd; Q4_0 / Q8_0 with k/32 odd: plus one zero
- * block per row) plus the zero padding rows of the last group. */
+ * Repacked data is as large as the original (Q4_K, Q5_K, and the 32-weight-block types with k/32
+ * even: exactly; Q6_K: plus 32 bytes per group when k/256 is odd; the 32-weight-block types with
+ * k/32 odd: plus one zero block per row) plus the zero padding rows of the last group. */
 #ifndef DITTO_REPACK_H
 #define DITTO_REPACK_H
 
@@ -30,7 +30,7 @@
 
 #define REPACK_ROWS 16 /* rows per group */
 
-/* Q4_K, Q5_K, Q6_K, Q4_0, Q8_0. */
+/* Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0. */
 bool repack_supported(uint32_t type);
 /* Bytes of one 16-row group for row length k (a multiple of the type's block: 256 or 32).
  * Multiple of 64. */
@@ -44,7 +44,7 @@ size_t repack_bytes(uint32_t type, int rows, int k);
 void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int k, void *dst,
                  int g0, int g1);
 /* Copies weight block b of row `row` back out of a repacked matrix, in the original
- * block format (block_q4_K / block_q5_K / block_q6_K / block_q4_0 / block_q8_0) — the inverse of repack_rows. */
+ * block format (block_q4_K, block_q4_0, ...) — the inverse of repack_rows. */
 void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, int row, int b,
                       void *blk);
 
@@ -54,7 +54,7 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * of 16, r1 > r0 anything (normally a multiple of 16 or the true row count): rows [r0, r1)
  * are stored at out[t*out_stride + r], nothing else is written (rows of the last, partial
  * group beyond r1 are computed but not stored). Activations as for the reference
- * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for the K-quants, QA_Q8_32 for Q4_0 / Q8_0). Bitwise equal to the reference gemm.
+ * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for the K-quants, QA_Q8_32 for the 32-weight blocks). Bitwise equal to the reference gemm.
  * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
  * kernel) falls back to the next lower one; the generic kernel always exists. form: how the
  * AVX-512 one-token kernel streams the matrix (the other levels ignore it; same results). NULL
@@ -101,12 +101,23 @@ static inline size_t rp_q6k_h(int v) { return 64 * (size_t)(26 * (v >> 3) + 3 * 
 static inline size_t rp_q6k_s(int p) { return 64 * (size_t)(26 * (p >> 2) + 24) + 32 * (size_t)(p & 3); }
 static inline size_t rp_q6k_sc(int j, int r) { return rp_q6k_s(j >> 1) + 2 * (size_t)r + (size_t)(j & 1); }
 static inline size_t rp_q6k_header(int nb) { return ((size_t)nb * 32 + 63) & ~(size_t)63; }
-/* Q4_0 / Q8_0: a group is ceil(nb/2) units of two 32-weight blocks: d[16] of each (fp16,
- * 64 B), then each block's weight vectors (Q4_0: 4, Q8_0: 8). */
-#define RP_Q40_UNIT 576
-#define RP_Q80_UNIT 1088
-static inline size_t rp_q32_unit(uint32_t type) { return type == QT_Q4_0 ? RP_Q40_UNIT : RP_Q80_UNIT; }
-/* Offset in a unit of block h's (0, 1) first weight vector. */
-static inline size_t rp_q32_v(uint32_t type, int h) { return 64 + (size_t)h * (type == QT_Q4_0 ? 256 : 512); }
+/* The 32-weight-block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a group is ceil(nb/2) units of two
+ * blocks (h = 0, 1): a header of the 16 rows' fp16 d of both blocks (then m of both: Q4_1, Q5_1),
+ * then per block its 5th-bit dword vector (Q5_0, Q5_1) and its weight vectors (4; Q8_0: 8). */
+static inline bool rp_is_q32(uint32_t t) {
+    return t == QT_Q4_0 || t == QT_Q4_1 || t == QT_Q5_0 || t == QT_Q5_1 || t == QT_Q8_0;
+}
+static inline int rp_q32_has_m(uint32_t t) { return t == QT_Q4_1 || t == QT_Q5_1; }
+static inline int rp_q32_has_h(uint32_t t) { return t == QT_Q5_0 || t == QT_Q5_1; }
+static inline int rp_q32_nv(uint32_t t) { return t == QT_Q8_0 ? 8 : 4; }
+static inline size_t rp_q32_hdr(uint32_t t) { return rp_q32_has_m(t) ? 128 : 64; }
+static inline size_t rp_q32_blk(uint32_t t) { return 64 * (size_t)(rp_q32_nv(t) + rp_q32_has_h(t)); }
+static inline size_t rp_q32_unit(uint32_t t) { return rp_q32_hdr(t) + 2 * rp_q32_blk(t); }
+/* Offsets in a unit: block h's d[16] and m[16] (fp16, row r at +2r), its 5th-bit vector and its
+ * first weight vector. */
+static inline size_t rp_q32_d(int h) { return 32 * (size_t)h; }
+static inline size_t rp_q32_m(int h) { return 64 + 32 * (size_t)h; }
+static inline size_t rp_q32_h(uint32_t t, int h) { return rp_q32_hdr(t) + (size_t)h * rp_q32_blk(t); }
+static inline size_t rp_q32_v(uint32_t t, int h) { return rp_q32_h(t, h) + 64 * (size_t)rp_q32_has_h(t); }
 
 #endif

@@ -1,4 +1,4 @@
-/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0 matrices (layouts in repack.c),
+/* repack_avx2.c — AVX2 gemm kernels on repacked Q4_K / Q5_K / Q6_K and 32-weight-block matrices (layouts in repack.c),
  * bitwise equal to the scalar reference in quant.c.
  *
  * A 64-byte weight vector of the layout is two ymm halves: rows 0..7 (bytes 0..31) and rows
@@ -371,85 +371,108 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     }
 }
 
-/* ---- Q4_0 / Q8_0 (half x = rows 8x .. 8x+7) ----------------------------------------------------
- * Per block, token and half, the exact I = sum (q - 8)*a (Q4_0) or sum q*a (Q8_0), then
- * acc = fma(d*da, (float)I, acc), blocks ascending (quant.c dot_q4_0 / dot_q8_0):
- *   AVX-VNNI build: as repack_avx512.c, vpdpbusd on u = q (Q4_0) or q ^ 0x80 (Q8_0) into int32
- *     lanes that start at -off*s (off = 8 / 128, s the activation block's sum).
- *   Plain build: Q4_0 by vpmaddubsw (nibble x a, |pair| <= 2*15*127 = 3810) summed in int16 lanes
- *     (8 vectors: <= 30480 < 2^15), widened by vpmaddwd with ones, minus 8*s; Q8_0 by vpmaddubsw on
+/* ---- the 32-weight blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (half x = rows 8x .. 8x+7) --------------
+ * Per block, token and half, the exact I = sum (q - off')*a, then acc = fma(d*da, (float)I, acc)
+ * and, for Q4_1 / Q5_1, acc = fma(m*da, (float)s, acc), blocks ascending (quant.c dot_q4_0 ..
+ * dot_q8_0), as in repack_avx512.c:
+ *   AVX-VNNI build: vpdpbusd on u = the nibble (with its 5th bit from H for Q5_0 / Q5_1) or
+ *     q ^ 0x80 (Q8_0) into int32 lanes that start at -off*s (off = 8 / 16 / 128 / 0, s the
+ *     activation block's sum).
+ *   Plain build: 4-bit types by vpmaddubsw (nibble x a, |pair| <= 2*15*127 = 3810) summed in int16
+ *     lanes (8 vectors: <= 30480 < 2^15); 5-bit ones (|pair| <= 2*31*127 = 7874) in two sums of 4
+ *     vectors (<= 31496); widened by vpmaddwd with ones, minus off*s. Q8_0 by vpmaddubsw on
  *     (|q|, sign(a, q)) (|pair| <= 2*128*127 = 32512 < 2^15), each vector widened to int32 at once.
- * One token keeps two partial sums per block (low / high nibbles; even / odd vectors). */
-AI __m256i q32_init(const int q4, int32_t sa) {
+ * One token, and the 5-bit types, keep two partial sums per block (low / high nibbles; even / odd
+ * vectors). */
+AI int q32_off(const int type) { return type == QT_Q4_0 ? 8 : type == QT_Q5_0 ? 16 : type == QT_Q8_0 ? 128 : 0; }
+AI __m256i q32_init(const int type, int32_t sa) {
 #ifdef RP_AVXVNNI
-    return _mm256_set1_epi32(-(q4 ? 8 : 128) * sa);
+    return _mm256_set1_epi32(-q32_off(type) * sa);
 #else
-    (void)q4, (void)sa;
+    (void)type, (void)sa;
     return _mm256_setzero_si256();
 #endif
 }
-/* s + the products of weight vector W (prepared by q32_prep) and Q (as loaded) with activations a. */
-AI __m256i q32_prep(const int q4, __m256i Q) {
-    if (q4) return Q; /* nibbles are masked by the caller */
+/* The weight vector vpdpbusd / vpmaddubsw takes for Q8_0's Q (as loaded). */
+AI __m256i q32_prep8(__m256i Q) {
 #ifdef RP_AVXVNNI
     return _mm256_xor_si256(Q, _mm256_set1_epi8((char)0x80));
 #else
     return _mm256_abs_epi8(Q);
 #endif
 }
-AI __m256i q32_dot(const int q4, __m256i s, __m256i W, __m256i Q, __m256i a) {
+/* s + the products of weight vector W (a nibble vector, or q32_prep8 of Q) with activations a. */
+AI __m256i q32_dot(const int q8, __m256i s, __m256i W, __m256i Q, __m256i a) {
 #ifdef RP_AVXVNNI
-    (void)q4, (void)Q;
+    (void)q8, (void)Q;
     return _mm256_dpbusd_avx_epi32(s, W, a);
 #else
-    if (q4) return _mm256_add_epi16(s, _mm256_maddubs_epi16(W, a));
+    if (!q8) return _mm256_add_epi16(s, _mm256_maddubs_epi16(W, a));
     return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(W, _mm256_sign_epi8(a, Q)), _mm256_set1_epi16(1)));
 #endif
 }
 /* I of the block from its partial sums s0, s1. */
-AI __m256i q32_fin(const int q4, __m256i s0, __m256i s1, int32_t sa) {
+AI __m256i q32_fin(const int type, __m256i s0, __m256i s1, int32_t sa) {
 #ifndef RP_AVXVNNI
-    if (q4)
-        return _mm256_sub_epi32(_mm256_madd_epi16(_mm256_add_epi16(s0, s1), _mm256_set1_epi16(1)), _mm256_set1_epi32(8 * sa));
+    if (type != QT_Q8_0) {
+        const __m256i one = _mm256_set1_epi16(1);
+        const __m256i w = rp_q32_has_h((uint32_t)type)
+                              ? _mm256_add_epi32(_mm256_madd_epi16(s0, one), _mm256_madd_epi16(s1, one))
+                              : _mm256_madd_epi16(_mm256_add_epi16(s0, s1), one);
+        return _mm256_sub_epi32(w, _mm256_set1_epi32(q32_off(type) * sa));
+    }
 #endif
-    (void)q4, (void)sa;
+    (void)type, (void)sa;
     return _mm256_add_epi32(s0, s1);
 }
 
 /* T tokens against unit U (blocks 2u and, if `two`, 2u+1), both halves: y[t] token t's block 2u,
  * a[x*T + t] the accumulators of half x. */
 AI void q32_unit(const int type, const int T, const uint8_t *U, const int two, const block_q8a *const *y, __m256 *a) {
-    const int q4 = type == QT_Q4_0, nv = q4 ? 4 : 8, np = T == 1 ? 2 : 1;
+    const uint32_t ty = (uint32_t)type;
+    const int q8 = type == QT_Q8_0, nv = rp_q32_nv(ty), hm = rp_q32_has_m(ty), hh = rp_q32_has_h(ty);
+    const int np = T == 1 || hh ? 2 : 1;
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         if (h && !two) break;
         _Pragma("GCC unroll 2") for (int x = 0; x < 2; x++) {
-            const uint8_t *V = launder(U) + rp_q32_v((uint32_t)type, h) + 32 * x;
+            const uint8_t *V = launder(U) + rp_q32_v(ty, h) + 32 * x;
             __m256i s[TCH][2];
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-                s[t][0] = q32_init(q4, y[t][h].s);
+                s[t][0] = q32_init(type, y[t][h].s);
                 s[t][1] = _mm256_setzero_si256();
             }
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
                 const __m256i Q = LD(V + 64 * v);
-                if (q4) {
-                    const __m256i lo = _mm256_and_si256(Q, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f);
+                if (!q8) {
+                    __m256i lo = _mm256_and_si256(Q, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f);
+                    if (hh) { /* weight vector v's 5th bits: bit v (low nibbles) and 4 + v (high) of H's bytes */
+                        const __m256i H = LD(U + rp_q32_h(ty, h) + 32 * x), m10 = _mm256_set1_epi8(0x10);
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(H, 4 - v), m10));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi32(H, v), m10));
+                    }
                     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-                        s[t][0] = q32_dot(1, s[t][0], lo, Q, bcast4(y[t][h].q + 4 * v));
-                        s[t][np - 1] = q32_dot(1, s[t][np - 1], hi, Q, bcast4(y[t][h].q + 16 + 4 * v));
+                        s[t][0] = q32_dot(0, s[t][0], lo, Q, bcast4(y[t][h].q + 4 * v));
+                        s[t][np - 1] = q32_dot(0, s[t][np - 1], hi, Q, bcast4(y[t][h].q + 16 + 4 * v));
                         pin(&s[t][0]);
                     }
                 } else {
-                    const __m256i W = q32_prep(0, Q);
+                    const __m256i W = q32_prep8(Q);
                     _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-                        s[t][v % np] = q32_dot(0, s[t][v % np], W, Q, bcast4(y[t][h].q + 4 * v));
+                        s[t][v % np] = q32_dot(1, s[t][v % np], W, Q, bcast4(y[t][h].q + 4 * v));
                         pin(&s[t][v % np]);
                     }
                 }
             }
-            const __m256 d = ld_f16x8(U + 32 * h + 16 * x);
+            const __m256 d = ld_f16x8(U + rp_q32_d(h) + 16 * x);
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-                a[x * T + t] = chain(a[x * T + t], d, y[t][h].d, q32_fin(q4, s[t][0], s[t][1], y[t][h].s));
+                a[x * T + t] = chain(a[x * T + t], d, y[t][h].d, q32_fin(type, s[t][0], s[t][1], y[t][h].s));
+            if (hm) {
+                const __m256 m = ld_f16x8(U + rp_q32_m(h) + 16 * x);
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) /* acc = fma(m*da, (float)s, acc) */
+                    a[x * T + t] = _mm256_fmadd_ps(_mm256_mul_ps(m, _mm256_set1_ps(y[t][h].d)),
+                                                   _mm256_set1_ps((float)y[t][h].s), a[x * T + t]);
+            }
         }
     }
 }
@@ -484,18 +507,18 @@ typedef void (*q32_fn)(const uint8_t *G, int nb, const block_q8a *const *y, floa
                                                const uint8_t *end, const cpu_next *nx, bool pf) {              \
         q32_group(TYPE, T, G, nb, y, acc, end, nx, pf);                                                         \
     }
-DEF_Q32(q40_t1, QT_Q4_0, 1)
-DEF_Q32(q40_t2, QT_Q4_0, 2)
-DEF_Q32(q40_t3, QT_Q4_0, 3)
-DEF_Q32(q40_t4, QT_Q4_0, 4)
-DEF_Q32(q80_t1, QT_Q8_0, 1)
-DEF_Q32(q80_t2, QT_Q8_0, 2)
-DEF_Q32(q80_t3, QT_Q8_0, 3)
-DEF_Q32(q80_t4, QT_Q8_0, 4)
-static const q32_fn q32_table[2][TCH + 1] = {
-    {NULL, q40_t1, q40_t2, q40_t3, q40_t4},
-    {NULL, q80_t1, q80_t2, q80_t3, q80_t4},
-};
+#define DEF_Q32_T(N, TYPE) DEF_Q32(N##_t1, TYPE, 1) DEF_Q32(N##_t2, TYPE, 2) DEF_Q32(N##_t3, TYPE, 3) DEF_Q32(N##_t4, TYPE, 4)
+DEF_Q32_T(q40, QT_Q4_0)
+DEF_Q32_T(q41, QT_Q4_1)
+DEF_Q32_T(q50, QT_Q5_0)
+DEF_Q32_T(q51, QT_Q5_1)
+DEF_Q32_T(q80, QT_Q8_0)
+/* [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0][T] */
+#define Q32_ROW(N) {NULL, N##_t1, N##_t2, N##_t3, N##_t4}
+static const q32_fn q32_table[5][TCH + 1] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
+static int q32_index(int type) {
+    return type == QT_Q4_0 ? 0 : type == QT_Q4_1 ? 1 : type == QT_Q5_0 ? 2 : type == QT_Q5_1 ? 3 : 4;
+}
 
 static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
@@ -509,7 +532,7 @@ static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
             const int n = DT_MIN(TCH, n_tok - tc);
             for (int t = 0; t < n; t++)
                 y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
-            q32_table[type == QT_Q8_0][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
+            q32_table[q32_index(type)][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
             for (int t = 0; t < n; t++)
                 memcpy(out + (size_t)(tc + t) * out_stride + (size_t)g * REPACK_ROWS, acc + 16 * t, sizeof(float) * (size_t)nr);
         }
@@ -517,10 +540,14 @@ static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
 }
 
 #define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
-static void gemm_q4_0_rp_avx2(GEMM_ARGS) { gemm_q32(QT_Q4_0, PASS, NULL); }
-static void gemm_q8_0_rp_avx2(GEMM_ARGS) { gemm_q32(QT_Q8_0, PASS, NULL); }
-static void gemm_q4_0_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_Q4_0, PASS, nx); }
-static void gemm_q8_0_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_Q8_0, PASS, nx); }
+#define DEF_GEMM32(T, t)                                                                                    \
+    static void gemm_##t##_rp_avx2(GEMM_ARGS) { gemm_q32(QT_##T, PASS, NULL); }                               \
+    static void gemm_##t##_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_##T, PASS, nx); }
+DEF_GEMM32(Q4_0, q4_0)
+DEF_GEMM32(Q4_1, q4_1)
+DEF_GEMM32(Q5_0, q5_0)
+DEF_GEMM32(Q5_1, q5_1)
+DEF_GEMM32(Q8_0, q8_0)
 static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
 static void gemm_q5_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q5_K, PASS, NULL); }
 static void gemm_q5_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q5_K, PASS, nx); }
@@ -534,6 +561,9 @@ quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type) {
     case QT_Q5_K: return gemm_q5_K_rp_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_avx2;
     case QT_Q4_0: return gemm_q4_0_rp_avx2;
+    case QT_Q4_1: return gemm_q4_1_rp_avx2;
+    case QT_Q5_0: return gemm_q5_0_rp_avx2;
+    case QT_Q5_1: return gemm_q5_1_rp_avx2;
     case QT_Q8_0: return gemm_q8_0_rp_avx2;
     default: return NULL;
     }
@@ -545,6 +575,9 @@ repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type) {
     case QT_Q5_K: return gemm_q5_K_rp_next_avx2;
     case QT_Q6_K: return gemm_q6_K_rp_next_avx2;
     case QT_Q4_0: return gemm_q4_0_rp_next_avx2;
+    case QT_Q4_1: return gemm_q4_1_rp_next_avx2;
+    case QT_Q5_0: return gemm_q5_0_rp_next_avx2;
+    case QT_Q5_1: return gemm_q5_1_rp_next_avx2;
     case QT_Q8_0: return gemm_q8_0_rp_next_avx2;
     default: return NULL;
     }

@@ -1,4 +1,4 @@
-/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q5_K / Q6_K / Q4_0 / Q8_0
+/* repack_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) gemm kernels on repacked Q4_K / Q5_K / Q6_K and 32-weight-block
  * matrices (layouts in repack.c), bitwise equal to the scalar reference in quant.c.
  *
  * One zmm weight vector W holds 4 consecutive quants (unsigned bytes) of each of the group's
@@ -652,40 +652,53 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
     }
 }
 
-/* ---- Q4_0 / Q8_0 ----------------------------------------------------------------------------
+/* ---- the 32-weight blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -------------------------------------
  * Per block and token, in int32 lanes: I = sum u*a - off*s with u the unsigned quant vpdpbusd
- * takes (Q4_0: the nibble q, off = 8; Q8_0: q ^ 0x80 = q + 128, off = 128) and s the activation
- * block's sum, so I = sum (q - 8)*a or sum q*a exactly (|sum u*a| <= 32*255*127 = 1.04e6);
- * then acc = fma(d*da, (float)I, acc), blocks ascending: the reference's chain (quant.c
- * dot_q4_0 / dot_q8_0). Two partial sums per block (low and high nibbles; even and odd vectors)
- * halve the vpdpbusd dependency chain. A call runs whole 16-row groups: for up to 8 tokens
- * (a chunk) and S groups in lockstep (S = 2: the one-token CPU_STREAM_TWO_L1 form) the
- * accumulators stay in registers over the group's units; a chunk after the first finds the
- * group in L1/L2. */
+ * takes (4-bit types: the nibble, with the 5th bit from H at bit 4 for Q5_0 / Q5_1; Q8_0:
+ * q ^ 0x80 = q + 128), off = 8 (Q4_0), 16 (Q5_0), 128 (Q8_0) or 0, and s the activation block's
+ * sum, so I = sum (q - off')*a exactly (|sum u*a| <= 32*255*127 = 1.04e6); then acc = fma(d*da,
+ * (float)I, acc) and, for Q4_1 / Q5_1, acc = fma(m*da, (float)s, acc), blocks ascending: the
+ * reference's chain (quant.c dot_q4_0 .. dot_q8_0). Two partial sums per block (low and high
+ * nibbles; even and odd vectors) halve the vpdpbusd dependency chain. A call runs whole 16-row
+ * groups: for up to 8 tokens (a chunk) and S groups in lockstep (S = 2: the one-token
+ * CPU_STREAM_TWO_L1 form) the accumulators stay in registers over the group's units; a chunk
+ * after the first finds the group in L1/L2. */
 
 /* T tokens x S groups against unit u of each group (blocks 2u and, if two, 2u+1): U[s] the
  * unit of group s, y[t] token t's block 2u, a[s*T + t] the accumulators. With `spread` the
  * unit's lines get form f's requests beside their loads. */
 AI void q32_unit(const int type, const int T, const int S, const uint8_t *const *U, const int two,
                  const block_q8a *const *y, __m512 *a, const bool spread, const int f) {
-    const int q4 = type == QT_Q4_0, nv = q4 ? 4 : 8, off = q4 ? 8 : 128;
-    const __m512i m0f = in_reg(_mm512_set1_epi8(q4 ? 0x0f : (char)0x80));
-    if (spread) _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) pf_lines(U[s], 0, 1, f);
+    const uint32_t ty = (uint32_t)type;
+    const int q8 = type == QT_Q8_0, nv = rp_q32_nv(ty), hm = rp_q32_has_m(ty), hh = rp_q32_has_h(ty);
+    const int off = type == QT_Q4_0 ? 8 : type == QT_Q5_0 ? 16 : q8 ? 128 : 0;
+    const __m512i m0f = in_reg(_mm512_set1_epi8(q8 ? (char)0x80 : 0x0f));
+    if (spread) _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) pf_lines(U[s], 0, hm ? 2 : 1, f);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         if (h && !two) break;
         _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) {
-            const uint8_t *V = U[s] + rp_q32_v((uint32_t)type, h);
+            const uint8_t *V = U[s] + rp_q32_v(ty, h);
+            __m512i H = _mm512_setzero_si512();
+            if (hh) {
+                if (spread) pf_lines(U[s] + rp_q32_h(ty, h), 0, 1, f);
+                H = LD(U[s] + rp_q32_h(ty, h));
+            }
             __m512i s0[TCH], s1[TCH];
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                s0[t] = _mm512_set1_epi32(-off * y[t][h].s);
+                s0[t] = off ? _mm512_set1_epi32(-off * y[t][h].s) : _mm512_setzero_si512();
                 s1[t] = _mm512_setzero_si512();
             }
             _Pragma("GCC unroll 8") for (int v = 0; v < nv; v++) {
                 if (spread) pf_lines(V, v, 1, f);
                 const __m512i Q = in_reg(LD(V + 64 * v));
-                if (q4) {
-                    const __m512i lo = _mm512_and_si512(Q, m0f);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f);
+                if (!q8) {
+                    __m512i lo = _mm512_and_si512(Q, m0f);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f);
+                    if (hh) { /* weight vector v's 5th bits: bit v (low nibbles) and 4 + v (high) of H's bytes */
+                        const __m512i m10 = _mm512_set1_epi8(0x10);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi32(H, 4 - v), m10));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srli_epi32(H, v), m10));
+                    }
                     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                         s0[t] = dp_bcast(s0[t], lo, y[t][h].q + 4 * v);
                         s1[t] = dp_bcast(s1[t], hi, y[t][h].q + 16 + 4 * v);
@@ -698,9 +711,15 @@ AI void q32_unit(const int type, const int T, const int S, const uint8_t *const 
                     }
                 }
             }
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(U[s] + 32 * h)));
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(U[s] + rp_q32_d(h))));
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
                 a[s * T + t] = chain(a[s * T + t], d, y[t][h].d, _mm512_add_epi32(s0[t], s1[t]));
+            if (hm) {
+                const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(U[s] + rp_q32_m(h))));
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) /* acc = fma(m*da, (float)s, acc) */
+                    a[s * T + t] = _mm512_fmadd_ps(_mm512_mul_ps(m, _mm512_set1_ps(y[t][h].d)),
+                                                   _mm512_set1_ps((float)y[t][h].s), a[s * T + t]);
+            }
         }
     }
 }
@@ -750,16 +769,21 @@ typedef void (*q32_fn)(const uint8_t *const *G, int nb, const block_q8a *const *
     DEF_Q32(NAME##_l1x1, TYPE, 1, 1, CPU_STREAM_TWO_L1)                                                       \
     DEF_Q32(NAME##_l1x2, TYPE, 1, 2, CPU_STREAM_TWO_L1)
 DEF_Q32_T(q40, QT_Q4_0)
+DEF_Q32_T(q41, QT_Q4_1)
+DEF_Q32_T(q50, QT_Q5_0)
+DEF_Q32_T(q51, QT_Q5_1)
 DEF_Q32_T(q80, QT_Q8_0)
-/* [is Q8_0][T] chunk kernels (index 0: the one-token two-l1 form, one group; 9: two groups) */
-static const q32_fn q32_table[2][TCH + 2] = {
-    {q40_l1x1, q40_t1, q40_t2, q40_t3, q40_t4, q40_t5, q40_t6, q40_t7, q40_t8, q40_l1x2},
-    {q80_l1x1, q80_t1, q80_t2, q80_t3, q80_t4, q80_t5, q80_t6, q80_t7, q80_t8, q80_l1x2},
-};
+/* [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0][T] chunk kernels (index 0: the one-token two-l1 form, one group;
+ * 9: two groups) */
+#define Q32_ROW(N) {N##_l1x1, N##_t1, N##_t2, N##_t3, N##_t4, N##_t5, N##_t6, N##_t7, N##_t8, N##_l1x2}
+static const q32_fn q32_table[5][TCH + 2] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
+static int q32_index(int type) {
+    return type == QT_Q4_0 ? 0 : type == QT_Q4_1 ? 1 : type == QT_Q5_0 ? 2 : type == QT_Q5_1 ? 3 : 4;
+}
 
 static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
-    const q32_fn *tab = q32_table[type == QT_Q8_0];
+    const q32_fn *tab = q32_table[q32_index(type)];
     const int nb = k / QK32, g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     const uint8_t *W = w, *end = W + (size_t)g1 * group_bytes;
     float acc[2 * TCH * 16] __attribute__((aligned(64)));
@@ -806,8 +830,14 @@ static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *
     static void gemm_##T##_rp##SUF(GEMM_ARGS) { gemm_q32(QT_##T, F, PASS, NULL); }                          \
     static void gemm_##T##_rp_next##SUF(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_##T, F, PASS, nx); }
 DEF_GEMM32(Q4_0, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM32(Q4_1, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM32(Q5_0, CPU_STREAM_NEAR_FAR, _nf)
+DEF_GEMM32(Q5_1, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM32(Q8_0, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM32(Q4_0, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM32(Q4_1, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM32(Q5_0, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM32(Q5_1, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM32(Q8_0, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q4_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q5_K, CPU_STREAM_NEAR_FAR, _nf)
@@ -823,6 +853,9 @@ quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
     case QT_Q5_K: return l1 ? gemm_Q5_K_rp_l1 : gemm_Q5_K_rp_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_l1 : gemm_Q6_K_rp_nf;
     case QT_Q4_0: return l1 ? gemm_Q4_0_rp_l1 : gemm_Q4_0_rp_nf;
+    case QT_Q4_1: return l1 ? gemm_Q4_1_rp_l1 : gemm_Q4_1_rp_nf;
+    case QT_Q5_0: return l1 ? gemm_Q5_0_rp_l1 : gemm_Q5_0_rp_nf;
+    case QT_Q5_1: return l1 ? gemm_Q5_1_rp_l1 : gemm_Q5_1_rp_nf;
     case QT_Q8_0: return l1 ? gemm_Q8_0_rp_l1 : gemm_Q8_0_rp_nf;
     default: return NULL;
     }
@@ -835,6 +868,9 @@ repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form)
     case QT_Q5_K: return l1 ? gemm_Q5_K_rp_next_l1 : gemm_Q5_K_rp_next_nf;
     case QT_Q6_K: return l1 ? gemm_Q6_K_rp_next_l1 : gemm_Q6_K_rp_next_nf;
     case QT_Q4_0: return l1 ? gemm_Q4_0_rp_next_l1 : gemm_Q4_0_rp_next_nf;
+    case QT_Q4_1: return l1 ? gemm_Q4_1_rp_next_l1 : gemm_Q4_1_rp_next_nf;
+    case QT_Q5_0: return l1 ? gemm_Q5_0_rp_next_l1 : gemm_Q5_0_rp_next_nf;
+    case QT_Q5_1: return l1 ? gemm_Q5_1_rp_next_l1 : gemm_Q5_1_rp_next_nf;
     case QT_Q8_0: return l1 ? gemm_Q8_0_rp_next_l1 : gemm_Q8_0_rp_next_nf;
     default: return NULL;
     }
