@@ -1,4 +1,4 @@
-/* prepared.c — repacking of a model's Q4_K / Q6_K / Q4_0 / Q8_0 matrices at engine start. */
+/* prepared.c — repacking of a model's quantized matrices at engine start. */
 #include "cpu/prepared.h"
 
 #include <string.h>

@@ -1,7 +1,7 @@
 /* prepared.h — weights re-laid for the CPU kernels, built once per model and shared
  * by every CPU engine of that model (stored in model->prepared).
  *
- * Q4_K, Q6_K, Q4_0 and Q8_0 matrices are repacked into 16-row interleaved groups (cpu/repack.h)
+ * Quantized matrices (every repack_supported type) are repacked into 16-row interleaved groups (cpu/repack.h)
  * so SIMD lanes are output rows; the repacked kernels are bitwise equal to the
  * reference on the original layout, so preparing changes speed, never results.
  * Float matrices that are streamed every step (the MoE router) are copied as they
