@@ -23,6 +23,7 @@ static const geo geos[] = {
     {"experts-used = experts q4_k_m", 2, 256, 2, 1, 128, 4, 4, 256, 0, SYNTH_Q4_K_M},
     {"dense qwen3 q4_k_m", 2, 256, 4, 2, 64, 0, 0, 0, 512, SYNTH_Q4_K_M},
     {"dense qwen3 q8_0, 5 heads", 3, 320, 5, 5, 64, 0, 0, 0, 224, SYNTH_Q8_0},
+    {"q5_k_m, expert ffn 96 (Q8_0 experts)", 2, 256, 4, 2, 64, 8, 2, 96, 0, SYNTH_Q5_K_M},
 };
 
 /* Greedy tokens + step hashes of one prompt alone (1 slot) and beside 3 others (4 slots, 2 threads). */
