@@ -350,13 +350,22 @@ static void test_layout(uint32_t type) {
     for (int t = 0; t < 3; t++) make_act(tr->act, a + t * ab, k, 1, xf);
     float ref[3 * 40], got[3 * 40];
     tr->gemm(w, rb, 0, R, k, a, ab, 3, ref, 40);
-    for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++) {
-        memset(got, 0, sizeof got);
-        repack_gemm(type, (enum cpu_level)lv, CPU_STREAM_NEAR_FAR)(wu + 4, gb, 0, R, k, a, ab, 3, got, 40);
-        int diff = 0;
-        for (int t = 0; t < 3; t++) diff |= memcmp(ref + 40 * t, got + 40 * t, (size_t)R * 4);
-        CHECK(!diff, "%s %s: unaligned repacked matrix", tr->name, cpu_level_name((enum cpu_level)lv));
-    }
+    /* every level and stream form, and the plain AVX2 build where the AVX-VNNI one runs; one token
+     * (the one-token kernels) and three */
+    quant_gemm_fn fns[CPU_AVX512 + CPU_STREAM_COUNT + 1];
+    int nf = 0;
+    for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++)
+        for (int fm = 0; fm < (lv == CPU_AVX512 ? CPU_STREAM_COUNT : 1); fm++)
+            fns[nf++] = repack_gemm(type, (enum cpu_level)lv, (enum cpu_stream)fm);
+    if (g_max >= CPU_AVX2 && cpu_avx_vnni()) fns[nf++] = repack_gemm_avx2(type);
+    for (int i = 0; i < nf; i++)
+        for (int nt = 1; nt <= 3; nt += 2) {
+            memset(got, 0, sizeof got);
+            fns[i](wu + 4, gb, 0, R, k, a, ab, nt, got, 40);
+            int diff = 0;
+            for (int t = 0; t < nt; t++) diff |= memcmp(ref + 40 * t, got + 40 * t, (size_t)R * 4);
+            CHECK(!diff, "%s kernel %d, %d tokens: unaligned repacked matrix", tr->name, i, nt);
+        }
     free(w), free(wp), free(wu), free(a);
 }
 

@@ -54,7 +54,9 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * of 16, r1 > r0 anything (normally a multiple of 16 or the true row count): rows [r0, r1)
  * are stored at out[t*out_stride + r], nothing else is written (rows of the last, partial
  * group beyond r1 are computed but not stored). Activations as for the reference
- * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for the K-quants, QA_Q8_32 for the 32-weight blocks). Bitwise equal to the reference gemm.
+ * (quant_act_row / cpu_quant_act_row: QA_Q8_256 for the K-quants, QA_Q8_32 for the 32-weight blocks, whose
+ * block_q8a.s must be the sum of its q, as those make it: the SIMD kernels use it for the offsets). Bitwise equal to
+ * the reference gemm.
  * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
  * kernel) falls back to the next lower one; the generic kernel always exists. form: how the
  * AVX-512 one-token kernel streams the matrix (the other levels ignore it; same results). NULL
