@@ -121,5 +121,12 @@ static inline size_t rp_q32_d(int h) { return 32 * (size_t)h; }
 static inline size_t rp_q32_m(int h) { return 64 + 32 * (size_t)h; }
 static inline size_t rp_q32_h(uint32_t t, int h) { return rp_q32_hdr(t) + (size_t)h * rp_q32_blk(t); }
 static inline size_t rp_q32_v(uint32_t t, int h) { return rp_q32_h(t, h) + 64 * (size_t)rp_q32_has_h(t); }
+/* What the SIMD kernels subtract, times the activation block's sum, from sum u*a with u the unsigned
+ * quant they multiply (Q4_0: q - 8, Q5_0: q - 16, Q8_0: u = q ^ 0x80 = q + 128; Q4_1, Q5_1: 0). */
+static inline int rp_q32_off(uint32_t t) { return t == QT_Q4_0 ? 8 : t == QT_Q5_0 ? 16 : t == QT_Q8_0 ? 128 : 0; }
+/* A 32-weight-block type's row in the kernels' tables: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0. */
+static inline int rp_q32_index(uint32_t t) {
+    return t == QT_Q4_0 ? 0 : t == QT_Q4_1 ? 1 : t == QT_Q5_0 ? 2 : t == QT_Q5_1 ? 3 : 4;
+}
 
 #endif

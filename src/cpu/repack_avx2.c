@@ -384,10 +384,9 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
  *     (|q|, sign(a, q)) (|pair| <= 2*128*127 = 32512 < 2^15), each vector widened to int32 at once.
  * One token, and the 5-bit types, keep two partial sums per block (low / high nibbles; even / odd
  * vectors). */
-AI int q32_off(const int type) { return type == QT_Q4_0 ? 8 : type == QT_Q5_0 ? 16 : type == QT_Q8_0 ? 128 : 0; }
 AI __m256i q32_init(const int type, int32_t sa) {
 #ifdef RP_AVXVNNI
-    return _mm256_set1_epi32(-q32_off(type) * sa);
+    return _mm256_set1_epi32(-rp_q32_off((uint32_t)type) * sa);
 #else
     (void)type, (void)sa;
     return _mm256_setzero_si256();
@@ -419,7 +418,7 @@ AI __m256i q32_fin(const int type, __m256i s0, __m256i s1, int32_t sa) {
         const __m256i w = rp_q32_has_h((uint32_t)type)
                               ? _mm256_add_epi32(_mm256_madd_epi16(s0, one), _mm256_madd_epi16(s1, one))
                               : _mm256_madd_epi16(_mm256_add_epi16(s0, s1), one);
-        return _mm256_sub_epi32(w, _mm256_set1_epi32(q32_off(type) * sa));
+        return _mm256_sub_epi32(w, _mm256_set1_epi32(rp_q32_off((uint32_t)type) * sa));
     }
 #endif
     (void)type, (void)sa;
@@ -437,6 +436,7 @@ AI void q32_unit(const int type, const int T, const uint8_t *U, const int two, c
         if (h && !two) break;
         _Pragma("GCC unroll 2") for (int x = 0; x < 2; x++) {
             const uint8_t *V = launder(U) + rp_q32_v(ty, h) + 32 * x;
+            const __m256i H = hh ? LD(U + rp_q32_h(ty, h) + 32 * x) : _mm256_setzero_si256();
             __m256i s[TCH][2];
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
                 s[t][0] = q32_init(type, y[t][h].s);
@@ -447,7 +447,7 @@ AI void q32_unit(const int type, const int T, const uint8_t *U, const int two, c
                 if (!q8) {
                     __m256i lo = _mm256_and_si256(Q, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f);
                     if (hh) { /* weight vector v's 5th bits: bit v (low nibbles) and 4 + v (high) of H's bytes */
-                        const __m256i H = LD(U + rp_q32_h(ty, h) + 32 * x), m10 = _mm256_set1_epi8(0x10);
+                        const __m256i m10 = _mm256_set1_epi8(0x10);
                         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi32(H, 4 - v), m10));
                         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi32(H, v), m10));
                     }
@@ -516,9 +516,6 @@ DEF_Q32_T(q80, QT_Q8_0)
 /* [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0][T] */
 #define Q32_ROW(N) {NULL, N##_t1, N##_t2, N##_t3, N##_t4}
 static const q32_fn q32_table[5][TCH + 1] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
-static int q32_index(int type) {
-    return type == QT_Q4_0 ? 0 : type == QT_Q4_1 ? 1 : type == QT_Q5_0 ? 2 : type == QT_Q5_1 ? 3 : 4;
-}
 
 static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
@@ -532,7 +529,7 @@ static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
             const int n = DT_MIN(TCH, n_tok - tc);
             for (int t = 0; t < n; t++)
                 y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
-            q32_table[q32_index(type)][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
+            q32_table[rp_q32_index((uint32_t)type)][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
             for (int t = 0; t < n; t++)
                 memcpy(out + (size_t)(tc + t) * out_stride + (size_t)g * REPACK_ROWS, acc + 16 * t, sizeof(float) * (size_t)nr);
         }

@@ -671,7 +671,7 @@ AI void q32_unit(const int type, const int T, const int S, const uint8_t *const 
                  const block_q8a *const *y, __m512 *a, const bool spread, const int f) {
     const uint32_t ty = (uint32_t)type;
     const int q8 = type == QT_Q8_0, nv = rp_q32_nv(ty), hm = rp_q32_has_m(ty), hh = rp_q32_has_h(ty);
-    const int off = type == QT_Q4_0 ? 8 : type == QT_Q5_0 ? 16 : q8 ? 128 : 0;
+    const int off = rp_q32_off(ty);
     const __m512i m0f = in_reg(_mm512_set1_epi8(q8 ? (char)0x80 : 0x0f));
     if (spread) _Pragma("GCC unroll 2") for (int s = 0; s < S; s++) pf_lines(U[s], 0, hm ? 2 : 1, f);
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
@@ -777,13 +777,10 @@ DEF_Q32_T(q80, QT_Q8_0)
  * 9: two groups) */
 #define Q32_ROW(N) {N##_l1x1, N##_t1, N##_t2, N##_t3, N##_t4, N##_t5, N##_t6, N##_t7, N##_t8, N##_l1x2}
 static const q32_fn q32_table[5][TCH + 2] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
-static int q32_index(int type) {
-    return type == QT_Q4_0 ? 0 : type == QT_Q4_1 ? 1 : type == QT_Q5_0 ? 2 : type == QT_Q5_1 ? 3 : 4;
-}
 
 static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
-    const q32_fn *tab = q32_table[q32_index(type)];
+    const q32_fn *tab = q32_table[rp_q32_index((uint32_t)type)];
     const int nb = k / QK32, g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     const uint8_t *W = w, *end = W + (size_t)g1 * group_bytes;
     float acc[2 * TCH * 16] __attribute__((aligned(64)));
