@@ -13,6 +13,7 @@
 #   bench/ab_kernel.sh --attn REV_A REV_B [HEADS_PER_KV=8] [HEAD_DIM=128] [N=2000]
 #   bench/ab_kernel.sh --attn-cold REV_A REV_B CTX [ROUNDS=30]      # e.g. CTX 2048
 #
+# AB_LEVEL=avx2 A/Bs src/cpu/repack_avx2.c instead (AB_VNNI=1: its AVX-VNNI build), for hosts without AVX-512.
 # AB_ROUNDS=N sets the kernel A/B's rounds (it prints the best-of ratio and the median of the per-round ones).
 # AB_FORM_A / AB_FORM_B = near-far | two-l1 pick each side's one-token stream form (cpu/prefetch.h), e.g.
 # AB_FORM_B=two-l1 bench/ab_kernel.sh WORK WORK 400000 1 q4_k 2; a revision from before the forms has one (near-far).
@@ -41,6 +42,17 @@ print-avx512-flags: ; @echo $(CFLAGS) $(AVX512_FLAGS)
 MK
 )
 SRC=src/cpu/repack_avx512.c
+AVX2=0
+if [ "${AB_LEVEL:-}" = avx2 ] && [ $ATTN = 0 ]; then
+    AVX2=1
+    SRC=src/cpu/repack_avx2.c
+    FLAGS=$(make -s -f - print-avx2-flags <<'MK'
+include Makefile
+print-avx2-flags: ; @echo $(CFLAGS) $(AVX2_FLAGS)
+MK
+)
+    [ "${AB_VNNI:-0}" = 1 ] && FLAGS="$FLAGS -mavxvnni -DRP_AVXVNNI"
+fi
 [ $ATTN != 0 ] && SRC=src/cpu/attn_avx512.c
 for side in A B; do
     rev=$A
@@ -48,12 +60,21 @@ for side in A B; do
     if [ "$rev" = WORK ]; then cp $SRC "$T/$side.c"
     else git show "$rev:$SRC" > "$T/$side.c"; fi
     # a revision from before the stream forms (c2a006d): its entry points take the form and ignore it
-    if [ $ATTN = 0 ] && ! grep -q 'enum cpu_stream form' "$T/$side.c"; then
+    if [ $AVX2 = 1 ]; then
+        # its entry point takes the type only; ab_kernel.c calls repack_gemm_avx512_A / _B
+        fn=repack_gemm_avx2
+        [ "${AB_VNNI:-0}" = 1 ] && fn=repack_gemm_avx2vnni
+        printf '\nquant_gemm_fn repack_gemm_avx512_%s(uint32_t type, enum cpu_stream form) { (void)form; return %s(type); }\n' \
+            "$side" "$fn" >> "$T/$side.c"
+    elif [ $ATTN = 0 ] && ! grep -q 'enum cpu_stream form' "$T/$side.c"; then
         sed -i 's/^\(quant_gemm_fn repack_gemm_avx512\|repack_gemm_next_fn repack_gemm_next_avx512\)(uint32_t type)/\1(uint32_t type, enum cpu_stream form __attribute__((unused)))/' "$T/$side.c"
     fi
     extra=${CFLAGS_A:-}
     [ $side = B ] && extra=${CFLAGS_B:-}
     if [ $ATTN != 0 ]; then rename="-iquote src/cpu -Dattn_group_avx512=attn_group_avx512_$side"
+    elif [ $AVX2 = 1 ]; then
+        rename="-Drepack_gemm_avx2=repack_gemm_avx2_$side -Drepack_gemm_next_avx2=repack_gemm_next_avx2_$side"
+        rename="$rename -Drepack_gemm_avx2vnni=repack_gemm_avx2vnni_$side -Drepack_gemm_next_avx2vnni=repack_gemm_next_avx2vnni_$side"
     else rename="-Drepack_gemm_avx512=repack_gemm_avx512_$side -Drepack_gemm_next_avx512=repack_gemm_next_avx512_$side"; fi
     # shellcheck disable=SC2086
     $CC $FLAGS $extra -Wno-unused-function $rename -c -o "$T/$side.o" "$T/$side.c"

@@ -37,8 +37,17 @@
 #define RP_NAME(f) f
 #endif
 #define AI static inline __attribute__((always_inline))
-#define TCH 4   /* tokens per chunk */
+#define TCH 4   /* tokens per chunk: Q6_K and the 32-weight blocks */
+#define TCH45 6 /* tokens per chunk: Q4_K and Q5_K (their sums fit 16 registers at 6; Q6_K's spill) */
 #define TSUP 64 /* tokens whose fp32 accumulators live on the stack at once */
+
+/* The length of chunk c when n_tok tokens are cut into the fewest chunks of at most tch, as even
+ * as can be (6 = 3 + 3 at tch 4, not 4 + 2: a two-token chunk reads the weights for half as many
+ * tokens). */
+static inline int chunk_len(int n_tok, int tch, int c) {
+    const int nc = (n_tok + tch - 1) / tch;
+    return n_tok / nc + (c < n_tok % nc);
+}
 
 #define GEMM_ARGS                                                                          \
     const void *w, size_t group_bytes, int r0, int r1, int k, const void *act,             \
@@ -148,26 +157,37 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const uint8_t *
                     float *acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     const int nv = q5 ? 4 : 8; /* vectors per partial sum */
-    __m256i I[TCH];
+    __m256i I[TCH45], scv[8];
+    {
+        const __m256i lo = q4k_slo(B), hi = q4k_shi(B);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) scv[j] = sb_scale(j < 4 ? lo : hi, j & 3);
+    }
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
-    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
-        const uint8_t *Bj = launder(B);
-        _Pragma("GCC unroll 2") for (int i0 = 0; i0 < 8; i0 += nv) {
-            __m256i s[TCH];
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 8") for (int i = i0; i < i0 + nv; i++) {
-                const __m256i Q = LD(Bj + RP_Q4K_QS + 64 * (8 * (j >> 1) + i));
-                __m256i W = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
-                if (q5) W = _mm256_or_si256(W, q5k_bit(LD(Bj + RP_Q5K_QH + 64 * i), j));
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                    s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
-                    pin(&s[t]); /* the sum in this order: reassociated, GCC kept all 8 products live and spilled */
+    /* sub-blocks 2p (low nibbles) and 2p+1 (high) of weight vectors 8p .. 8p+7; the loop over p is
+     * kept rolled: unrolled, the kernel's straight-line code outgrew Zen 3's op cache */
+    _Pragma("GCC unroll 1") for (int p = 0; p < 4; p++) {
+        const uint8_t *Bp = launder(B) + RP_Q4K_QS + 512 * p;
+        const __m128i hsh = _mm_cvtsi32_si128(2 * p);
+        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+            const int j = 2 * p + e;
+            _Pragma("GCC unroll 2") for (int i0 = 0; i0 < 8; i0 += nv) {
+                __m256i s[TCH45];
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+                _Pragma("GCC unroll 8") for (int i = i0; i < i0 + nv; i++) {
+                    const __m256i Q = LD(Bp + 64 * i);
+                    __m256i W = e ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
+                    if (q5) /* bit j = 2p + e of each byte of the H vector, to bit 4 (16-bit shifts) */
+                        W = _mm256_or_si256(W, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(LD(B + RP_Q5K_QH + 64 * i), hsh), 4 - e),
+                                                                _mm256_set1_epi8(0x10)));
+                    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                        s[t] = sb_dot(s[t], W, bcast4(y[t]->q + 32 * j + 4 * i));
+                        pin(&s[t]); /* the sum in this order: reassociated, GCC kept all 8 products live and spilled */
+                    }
                 }
-            }
-            const __m256i sc = sb_scale(j < 4 ? q4k_slo(Bj) : q4k_shi(Bj), j & 3);
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                I[t] = sb_mul_add(I[t], s[t], sc);
-                pin(&I[t]);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    I[t] = sb_mul_add(I[t], s[t], scv[j]);
+                    pin(&I[t]);
+                }
             }
         }
     }
@@ -302,30 +322,37 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
 /* ---- the gemm ------------------------------------------------------------------------------------ */
 
 typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, const block_q8k *const *y, float *acc);
-#define DEF_T(T)                                                                                                \
+#define DEF_T45(T)                                                                                              \
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
                                                    const block_q8k *const *y, float *acc) {                     \
         (void)S;                                                                                                \
-        q45k_tokens(0, T, B, D, y, acc);                                                                      \
-    }                                                                                                           \
-    static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
-                                                   const block_q8k *const *y, float *acc) {                     \
-        q6k_tokens(T, B, S, D, y, acc);                                                                         \
+        q45k_tokens(0, T, B, D, y, acc);                                                                        \
     }                                                                                                           \
     static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
                                                    const block_q8k *const *y, float *acc) {                     \
         (void)S;                                                                                                \
-        q45k_tokens(1, T, B, D, y, acc);                                                                      \
+        q45k_tokens(1, T, B, D, y, acc);                                                                        \
     }
-DEF_T(1)
-DEF_T(2)
-DEF_T(3)
-DEF_T(4)
+#define DEF_T6(T)                                                                                               \
+    static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *S, const uint8_t *D,        \
+                                                   const block_q8k *const *y, float *acc) {                     \
+        q6k_tokens(T, B, S, D, y, acc);                                                                         \
+    }
+DEF_T45(1)
+DEF_T45(2)
+DEF_T45(3)
+DEF_T45(4)
+DEF_T45(5)
+DEF_T45(6)
+DEF_T6(1)
+DEF_T6(2)
+DEF_T6(3)
+DEF_T6(4)
 /* [0: Q4_K, 1: Q6_K, 2: Q5_K][T] */
-static const tok_fn tok_table[3][TCH + 1] = {
-    {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4},
-    {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4},
-    {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4},
+static const tok_fn tok_table[3][TCH45 + 1] = {
+    {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4, q4k_t5, q4k_t6},
+    {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4, NULL, NULL},
+    {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6},
 };
 
 static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
@@ -337,7 +364,8 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
-    const block_q8k *y[TCH];
+    const int tch = is6 ? TCH : TCH45;
+    const block_q8k *y[TCH45];
     if (n_tok == 1 && type == QT_Q4_K) { /* one token, Q4_K: whole groups (q4k_group1) */
         for (int g = g0; g < g1; g++) {
             q4k_group1((const uint8_t *)w + (size_t)g * group_bytes, nb, (const block_q8k *)act, acc, end, nx);
@@ -356,8 +384,8 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
                 cpu_prefetch_tier(B, bb, end, nx, RP2_PF_DIST, CPU_PF_HINT);
                 if (nt == 1) cpu_prefetch_again(B, bb, end);
                 for (int h = 0; h < 2; h++)
-                    for (int tc = 0; tc < nt; tc += TCH) {
-                        const int n = DT_MIN(TCH, nt - tc);
+                    for (int c = 0, tc = 0, n; tc < nt; tc += n, c++) {
+                        n = chunk_len(nt, tch, c);
                         for (int t = 0; t < n; t++)
                             y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
                         if (is6) tok_table[1][n](B + 32 * h, B + 16 * h, G + 32 * b + 16 * h, y, acc + 16 * tc + 8 * h);
@@ -525,8 +553,8 @@ static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
     const block_q8a *y[TCH];
     for (int g = g0; g < g1; g++) {
         const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
-        for (int tc = 0; tc < n_tok; tc += TCH) {
-            const int n = DT_MIN(TCH, n_tok - tc);
+        for (int c = 0, tc = 0, n; tc < n_tok; tc += n, c++) {
+            n = chunk_len(n_tok, TCH, c);
             for (int t = 0; t < n; t++)
                 y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
             q32_table[rp_q32_index((uint32_t)type)][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
