@@ -26,14 +26,18 @@
 #include "gemm_job.h"
 #include "quant.h"
 
-/* form: enum cpu_stream (AB_FORM_A / AB_FORM_B: near-far or two-l1, default near-far); a
- * revision from before the forms takes one argument and ignores the second. */
+/* form: enum cpu_stream (AB_FORM_A / AB_FORM_B: near-far, two-l1 or plain, default near-far); a
+ * revision from before the forms takes one argument and ignores the second (one from before
+ * the plain form runs near-far for it). */
 quant_gemm_fn repack_gemm_avx512_A(uint32_t type, enum cpu_stream form);
 quant_gemm_fn repack_gemm_avx512_B(uint32_t type, enum cpu_stream form);
 
 static enum cpu_stream form_env(const char *name) {
     const char *e = getenv(name);
-    return e && !strcmp(e, "two-l1") ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
+    return !e ? CPU_STREAM_NEAR_FAR
+           : !strcmp(e, "two-l1") ? CPU_STREAM_TWO_L1
+           : !strcmp(e, "plain") ? CPU_STREAM_PLAIN
+                                 : CPU_STREAM_NEAR_FAR;
 }
 
 /* Worker threads persist and spin between passes (a pass over a 1-5 MB matrix, as the model's

@@ -15,7 +15,7 @@
 #
 # AB_LEVEL=avx2 A/Bs src/cpu/repack_avx2.c instead (AB_VNNI=1: its AVX-VNNI build), for hosts without AVX-512.
 # AB_ROUNDS=N sets the kernel A/B's rounds (it prints the best-of ratio and the median of the per-round ones).
-# AB_FORM_A / AB_FORM_B = near-far | two-l1 pick each side's one-token stream form (cpu/prefetch.h), e.g.
+# AB_FORM_A / AB_FORM_B = near-far | two-l1 | plain pick each side's one-token stream form (cpu/prefetch.h), e.g.
 # AB_FORM_B=two-l1 bench/ab_kernel.sh WORK WORK 400000 1 q4_k 2; a revision from before the forms has one (near-far).
 # REV may be WORK for the working tree's file. CFLAGS_A / CFLAGS_B add flags to one side's compile,
 # e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B.

@@ -550,31 +550,33 @@ static void cpu_describe(char *buf, size_t cap) {
     snprintf(buf, cap, "%s (%s family %s model %s), %d CPUs online", name, vendor, fam, mod, cli_default_threads(1 << 20));
 }
 
-/* --forms: n solo steps of one stream in each one-token stream form (cpu/prefetch.h), in one
- * process, back to back in alternating order (paired_run); prints the per-step tok/s ratio
- * two-l1 / near-far (the fairest A/B this VM allows: the phases hit both alike) and whether the
- * forms' logits were bitwise equal at every step. */
+/* --forms: n solo steps of one stream in near-far and in each other one-token stream form
+ * (cpu/prefetch.h), in one process, each pair back to back in alternating order (paired_run);
+ * prints each form's per-step tok/s ratio to near-far (the fairest A/B this VM allows: the phases
+ * hit both alike) and whether the forms' logits were bitwise equal at every step. */
 static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, ditto_err *err) {
     engine *ef[CPU_STREAM_COUNT] = {NULL};
+    paired_out po[CPU_STREAM_COUNT];
     int rc = -1;
     for (int f = 0; f < CPU_STREAM_COUNT; f++) {
         engine_opts o = *base;
         o.max_streams = 1, o.unify = false, o.profile = false, o.cpu_stream = f;
         if (engine_create(&ef[f], m, &o, err)) goto done;
     }
-    paired_out po;
-    if (paired_run(ef, CPU_STREAM_COUNT, probe, plen, n, false, &po, err) < 0) goto done;
-    printf("\nstream forms (%d solo steps in each form, back to back in alternating order, each pair followed by one probe"
-           " pass):\n\n"
-           "| form | backend | median tok/s | %% of the best pattern (quartiles) |\n|---|---|---:|---|\n",
-           n);
-    for (int f = 0; f < CPU_STREAM_COUNT; f++)
-        printf("| %s | %s | %.2f | %.0f%% (%.0f–%.0f%%) |\n", cpu_stream_name(f), ef[f]->be->describe(ef[f]->be_state),
-               po.tps[f], po.q[f][1], po.q[f][0], po.q[f][2]);
-    printf("\n%s / %s, median of the per-step tok/s ratios: %.3f (quartiles %.3f–%.3f); logits bitwise equal at every"
-           " step: %s\n",
-           cpu_stream_name(CPU_STREAM_TWO_L1), cpu_stream_name(CPU_STREAM_NEAR_FAR), po.rate_q[1], po.rate_q[0],
-           po.rate_q[2], po.same ? "yes" : "NO");
+    for (int f = 1; f < CPU_STREAM_COUNT; f++) {
+        engine *const pair[2] = {ef[CPU_STREAM_NEAR_FAR], ef[f]};
+        if (paired_run(pair, 2, probe, plen, n, false, &po[f], err) < 0) goto done;
+    }
+    printf("\nstream forms (%d solo steps in %s and in each other form, each pair back to back in alternating order and"
+           " followed by one probe pass):\n\n"
+           "| form | backend | median tok/s | %% of the best pattern (quartiles) | its near-far steps: tok/s, %% |"
+           " / near-far, median of the per-step tok/s ratios (quartiles) | logits bitwise equal |\n"
+           "|---|---|---:|---|---|---|---|\n",
+           n, cpu_stream_name(CPU_STREAM_NEAR_FAR));
+    for (int f = 1; f < CPU_STREAM_COUNT; f++)
+        printf("| %s | %s | %.2f | %.0f%% (%.0f–%.0f%%) | %.2f, %.0f%% | %.3f (%.3f–%.3f) | %s |\n", cpu_stream_name(f),
+               ef[f]->be->describe(ef[f]->be_state), po[f].tps[1], po[f].q[1][1], po[f].q[1][0], po[f].q[1][2],
+               po[f].tps[0], po[f].q[0][1], po[f].rate_q[1], po[f].rate_q[0], po[f].rate_q[2], po[f].same ? "yes" : "NO");
     rc = 0;
 done:
     for (int f = 0; f < CPU_STREAM_COUNT; f++) engine_free(ef[f]);

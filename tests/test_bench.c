@@ -114,17 +114,22 @@ int main(void) {
     rc = run_bench(14, fm, out, sizeof out);
     CHECK(rc == 0, "bench --forms exit %d", rc);
     const char *sf = strstr(out, "\nstream forms (3 solo steps");
-    CHECK(sf && strstr(sf, "\n| near-far | cpu ") && strstr(sf, "\n| two-l1 | cpu "), "--forms: a row per form");
-    if (cpu_level_detect() >= CPU_AVX512)
-        CHECK(sf && strstr(sf, "| two-l1 | cpu avx512, 2 threads, weight stream two-l1 |") &&
-                  strstr(sf, "| near-far | cpu avx512, 2 threads, weight stream near-far |"),
-              "--forms: each engine runs its own form");
-    const char *fr = sf ? strstr(sf, "two-l1 / near-far, median of the per-step tok/s ratios: ") : NULL;
-    char fline[512] = "";
-    if (fr) snprintf(fline, sizeof fline, "%.*s", (int)strcspn(fr, "\n"), fr);
-    CHECK(strstr(fline, "logits bitwise equal at every step: yes") != NULL,
-          "--forms: the two forms' logits are bitwise equal at every step (%s)", fline);
-    printf("%s\n", fline);
+    /* one row per form other than near-far (each paired with near-far): its backend, and its
+     * logits bitwise equal to near-far's at every step */
+    static const char *const others[] = {"two-l1", "plain"};
+    for (int f = 0; f < 2; f++) {
+        char key[64], row[512] = "";
+        snprintf(key, sizeof key, "\n| %s | cpu ", others[f]);
+        const char *r = sf ? strstr(sf, key) : NULL;
+        if (r) snprintf(row, sizeof row, "%.*s", (int)strcspn(r + 1, "\n"), r + 1);
+        CHECK(r != NULL, "--forms: a row for %s", others[f]);
+        snprintf(key, sizeof key, "| %s | cpu avx512, 2 threads, weight stream %s |", others[f], others[f]);
+        if (cpu_level_detect() >= CPU_AVX512) CHECK(strstr(row, key) == row, "--forms: %s runs its own form (%s)", others[f], row);
+        const size_t n = strlen(row);
+        CHECK(n > 7 && !strcmp(row + n - 7, "| yes |"), "--forms: %s's logits bitwise equal to near-far's at every step (%s)",
+              others[f], row);
+        printf("%s\n", row);
+    }
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"}};
     for (int i = 0; i < 3; i++) {

@@ -399,9 +399,15 @@ static void test_api(void) {
                   "avx512 dispatch, stream form %s", cpu_stream_name(fm));
         }
     if (g_max >= CPU_AVX512)
-        CHECK(repack_gemm(QT_Q4_K, CPU_AVX512, NF) != repack_gemm(QT_Q4_K, CPU_AVX512, L1) &&
-                  repack_gemm_next(QT_Q6_K, CPU_AVX512, NF) != repack_gemm_next(QT_Q6_K, CPU_AVX512, L1),
-              "each stream form has its own AVX-512 kernels");
+        for (int i = 0; i < 8; i++)
+            for (int a = 0; a < CPU_STREAM_COUNT; a++)
+                for (int b = a + 1; b < CPU_STREAM_COUNT; b++)
+                    CHECK(repack_gemm(TYPES[i], CPU_AVX512, (enum cpu_stream)a) !=
+                                  repack_gemm(TYPES[i], CPU_AVX512, (enum cpu_stream)b) &&
+                              repack_gemm_next(TYPES[i], CPU_AVX512, (enum cpu_stream)a) !=
+                                  repack_gemm_next(TYPES[i], CPU_AVX512, (enum cpu_stream)b),
+                          "%s: stream forms %s and %s have their own AVX-512 kernels", quant_traits_of(TYPES[i])->name,
+                          cpu_stream_name((enum cpu_stream)a), cpu_stream_name((enum cpu_stream)b));
     CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == repack_gemm(QT_Q4_K, CPU_AVX2, L1), "below AVX-512 the form is ignored");
     if (g_max >= CPU_AVX2) { /* the AVX-VNNI build where the CPU has it (and DITTO_AVXVNNI is not 0) */
         quant_gemm_fn (*const a2)(uint32_t) = cpu_avx_vnni() ? repack_gemm_avx2vnni : repack_gemm_avx2;
@@ -423,9 +429,13 @@ static void test_api(void) {
     CHECK(cpu_stream_detect() == L1, "DITTO_CPU_STREAM=two-l1");
     setenv("DITTO_CPU_STREAM", "near-far", 1);
     CHECK(cpu_stream_detect() == NF, "DITTO_CPU_STREAM=near-far");
+    setenv("DITTO_CPU_STREAM", "plain", 1);
+    CHECK(cpu_stream_detect() == CPU_STREAM_PLAIN, "DITTO_CPU_STREAM=plain");
     setenv("DITTO_CPU_STREAM", "fast", 1);
     CHECK(cpu_stream_detect() == def, "DITTO_CPU_STREAM=fast is ignored");
-    CHECK(!strcmp(cpu_stream_name(NF), "near-far") && !strcmp(cpu_stream_name(L1), "two-l1"), "form names");
+    CHECK(!strcmp(cpu_stream_name(NF), "near-far") && !strcmp(cpu_stream_name(L1), "two-l1") &&
+              !strcmp(cpu_stream_name(CPU_STREAM_PLAIN), "plain"),
+          "form names");
     CHECK(cpu_stream_select(CPU_AVX2, L1) == NF && cpu_stream_select(CPU_GENERIC, -1) == NF,
           "below AVX-512 the form is near-far");
     if (g_max >= CPU_AVX512)

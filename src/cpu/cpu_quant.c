@@ -70,12 +70,13 @@ enum cpu_stream cpu_stream_detect(void) {
     const char *e = getenv("DITTO_CPU_STREAM");
     if (e && !strcmp(e, "near-far")) return CPU_STREAM_NEAR_FAR;
     if (e && !strcmp(e, "two-l1")) return CPU_STREAM_TWO_L1;
+    if (e && !strcmp(e, "plain")) return CPU_STREAM_PLAIN;
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return CPU_STREAM_NEAR_FAR;
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return CPU_STREAM_NEAR_FAR;
     const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
-    return family >= 0x1a ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
+    return family >= 0x1a ? CPU_STREAM_TWO_L1 : family == 0x19 ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
 }
 
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
@@ -84,7 +85,7 @@ enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
 }
 
 const char *cpu_stream_name(enum cpu_stream form) {
-    return form == CPU_STREAM_TWO_L1 ? "two-l1" : "near-far";
+    return form == CPU_STREAM_TWO_L1 ? "two-l1" : form == CPU_STREAM_PLAIN ? "plain" : "near-far";
 }
 
 const char *cpu_level_name(enum cpu_level level) {

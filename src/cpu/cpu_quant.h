@@ -21,11 +21,12 @@ enum cpu_level { CPU_GENERIC = 0, CPU_AVX2 = 1, CPU_AVX512 = 2 };
 
 /* How the AVX-512 one-token kernels stream a weight matrix (cpu/prefetch.h has the forms and
  * what each read where): the same results in every form, a different order of memory requests. */
-enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_COUNT };
+enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_PLAIN = 2, CPU_STREAM_COUNT };
 
-/* The form for this host: env DITTO_CPU_STREAM=near-far|two-l1 if set (anything else is
- * ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later, where it was measured
- * faster, and CPU_STREAM_NEAR_FAR elsewhere. */
+/* The form for this host: env DITTO_CPU_STREAM=near-far|two-l1|plain if set (anything else is
+ * ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later, CPU_STREAM_PLAIN on
+ * family 0x19 (Zen 4; Zen 3 has no AVX-512 and so one form), where each was measured faster, and
+ * CPU_STREAM_NEAR_FAR elsewhere. */
 enum cpu_stream cpu_stream_detect(void);
 /* The form the kernels of `level` run: `want` (enum cpu_stream) or, if negative, this host's;
  * always CPU_STREAM_NEAR_FAR below AVX-512 (level or hardware), whose kernels have one form. */

@@ -58,16 +58,21 @@
  *     host of the eighteenth session it read 1.09-1.31x NEAR_FAR (one-token kernels, in-process
  *     medians; the whole solo step 1.02-1.30x); two streams with NEAR_FAR's requests, three or
  *     four streams, 2 or 8 KiB ahead, or a far request beside it read less (bench/cpu-speed.md,
- *     eighteenth session). */
+ *     eighteenth session).
+ *   CPU_STREAM_PLAIN: one stream per call and no software prefetch: the hardware prefetchers
+ *     alone. On the Zen 4 host of the twenty-seventh session it read 1.10-1.18x NEAR_FAR
+ *     (one-token Q4_K / Q6_K, in-process, two threads, from memory; TWO_L1 read 0.65-0.80x
+ *     there), as no prefetch did in the tenth session on a host of that kind. The multi-token
+ *     kernels keep their requests: without them they read ~0.5x. */
 #ifndef CPU_PF2_DIST
 #define CPU_PF2_DIST 4096
 #endif
 /* A form's near / far distances (bytes; 0 = no such request) and the longer of the two. */
-#define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : CPU_PF_DIST)
+#define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : (f) == CPU_STREAM_PLAIN ? 0 : CPU_PF_DIST)
 #ifndef CPU_PF2_FAR
 #define CPU_PF2_FAR 0 /* two-l1's far request into L2: none */
 #endif
-#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_FAR : CPU_PF_FAR)
+#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_FAR : (f) == CPU_STREAM_PLAIN ? 0 : CPU_PF_FAR)
 #define CPU_FORM_SPAN(f) (CPU_FORM_FAR(f) > CPU_FORM_DIST(f) ? CPU_FORM_FAR(f) : CPU_FORM_DIST(f))
 
 /* Both requests of form f for the line at p (a stream read front to back; no bound check: a

@@ -540,8 +540,12 @@ DEF_ONE(q4k_one_l1, q4k_group1, CPU_STREAM_TWO_L1)
 DEF_ONE(q6k_one_l1, q6k_group1, CPU_STREAM_TWO_L1)
 DEF_ONE(q5k_one_nf, q5k_group1, CPU_STREAM_NEAR_FAR)
 DEF_ONE(q5k_one_l1, q5k_group1, CPU_STREAM_TWO_L1)
-/* [0: Q4_K, 1: Q6_K, 2: Q5_K]: the one-token kernels [near-far, two-l1], and the two-group one */
-static const one_fn one_table[3][2] = {{q4k_one_nf, q4k_one_l1}, {q6k_one_nf, q6k_one_l1}, {q5k_one_nf, q5k_one_l1}};
+DEF_ONE(q4k_one_pl, q4k_group1, CPU_STREAM_PLAIN)
+DEF_ONE(q6k_one_pl, q6k_group1, CPU_STREAM_PLAIN)
+DEF_ONE(q5k_one_pl, q5k_group1, CPU_STREAM_PLAIN)
+/* [0: Q4_K, 1: Q6_K, 2: Q5_K][enum cpu_stream]: the one-token kernels, and the two-group one */
+static const one_fn one_table[3][CPU_STREAM_COUNT] = {
+    {q4k_one_nf, q4k_one_l1, q4k_one_pl}, {q6k_one_nf, q6k_one_l1, q6k_one_pl}, {q5k_one_nf, q5k_one_l1, q5k_one_pl}};
 typedef void (*two_fn)(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
                        const cpu_next *const nx[2]);
 static const two_fn two_table[3] = {q4k_group2, q6k_group2, q5k_group2};
@@ -586,7 +590,7 @@ static void gemm_one(const int ti, const int form, const uint8_t *w, size_t grou
         }
         g = gm + h;
     }
-    const one_fn one = one_table[ti][form == CPU_STREAM_TWO_L1];
+    const one_fn one = one_table[ti][form];
     for (; g < g1; g++) {
         one(w + (size_t)g * group_bytes, nb, y, acc, end, nx);
         store_group(out, g, r1, acc);
@@ -767,16 +771,17 @@ typedef void (*q32_fn)(const uint8_t *const *G, int nb, const block_q8a *const *
     DEF_Q32(NAME##_t7, TYPE, 7, 1, CPU_STREAM_NEAR_FAR)                                                       \
     DEF_Q32(NAME##_t8, TYPE, 8, 1, CPU_STREAM_NEAR_FAR)                                                       \
     DEF_Q32(NAME##_l1x1, TYPE, 1, 1, CPU_STREAM_TWO_L1)                                                       \
-    DEF_Q32(NAME##_l1x2, TYPE, 1, 2, CPU_STREAM_TWO_L1)
+    DEF_Q32(NAME##_l1x2, TYPE, 1, 2, CPU_STREAM_TWO_L1)                                                       \
+    DEF_Q32(NAME##_pl, TYPE, 1, 1, CPU_STREAM_PLAIN)
 DEF_Q32_T(q40, QT_Q4_0)
 DEF_Q32_T(q41, QT_Q4_1)
 DEF_Q32_T(q50, QT_Q5_0)
 DEF_Q32_T(q51, QT_Q5_1)
 DEF_Q32_T(q80, QT_Q8_0)
 /* [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0][T] chunk kernels (index 0: the one-token two-l1 form, one group;
- * 9: two groups) */
-#define Q32_ROW(N) {N##_l1x1, N##_t1, N##_t2, N##_t3, N##_t4, N##_t5, N##_t6, N##_t7, N##_t8, N##_l1x2}
-static const q32_fn q32_table[5][TCH + 2] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
+ * TCH + 1: two groups; TCH + 2: the one-token plain form) */
+#define Q32_ROW(N) {N##_l1x1, N##_t1, N##_t2, N##_t3, N##_t4, N##_t5, N##_t6, N##_t7, N##_t8, N##_l1x2, N##_pl}
+static const q32_fn q32_table[5][TCH + 3] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
 
 static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
@@ -813,7 +818,7 @@ static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *
             const int n = DT_MIN(TCH, n_tok - tc);
             for (int t = 0; t < n; t++)
                 y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
-            tab[n](G, nb, y, acc, &end, &nx, tc == 0);
+            tab[n_tok == 1 && form == CPU_STREAM_PLAIN ? TCH + 2 : n](G, nb, y, acc, &end, &nx, tc == 0);
             for (int t = 0; t < n; t++) store_group(out + (size_t)(tc + t) * out_stride, g, r1, acc + 16 * t);
         }
     }
@@ -842,33 +847,37 @@ DEF_GEMM(Q6_K, CPU_STREAM_NEAR_FAR, _nf)
 DEF_GEMM(Q4_K, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q5_K, CPU_STREAM_TWO_L1, _l1)
 DEF_GEMM(Q6_K, CPU_STREAM_TWO_L1, _l1)
+DEF_GEMM32(Q4_0, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM32(Q4_1, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM32(Q5_0, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM32(Q5_1, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM32(Q8_0, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM(Q4_K, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM(Q5_K, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM(Q6_K, CPU_STREAM_PLAIN, _pl)
+
+/* Index of a repacked type in the dispatch tables below, or -1. */
+static int form_row(uint32_t type) {
+    static const uint32_t types[8] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
+    for (int i = 0; i < 8; i++)
+        if (types[i] == type) return i;
+    return -1;
+}
+#define FORMS(T, NAME) {gemm_##T##_##NAME##_nf, gemm_##T##_##NAME##_l1, gemm_##T##_##NAME##_pl}
+#define FORM_ROWS(NAME)                                                                                     \
+    {FORMS(Q4_K, NAME), FORMS(Q5_K, NAME), FORMS(Q6_K, NAME), FORMS(Q4_0, NAME),                            \
+     FORMS(Q4_1, NAME), FORMS(Q5_0, NAME), FORMS(Q5_1, NAME), FORMS(Q8_0, NAME)}
 
 quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
-    const int l1 = form == CPU_STREAM_TWO_L1;
-    switch (type) {
-    case QT_Q4_K: return l1 ? gemm_Q4_K_rp_l1 : gemm_Q4_K_rp_nf;
-    case QT_Q5_K: return l1 ? gemm_Q5_K_rp_l1 : gemm_Q5_K_rp_nf;
-    case QT_Q6_K: return l1 ? gemm_Q6_K_rp_l1 : gemm_Q6_K_rp_nf;
-    case QT_Q4_0: return l1 ? gemm_Q4_0_rp_l1 : gemm_Q4_0_rp_nf;
-    case QT_Q4_1: return l1 ? gemm_Q4_1_rp_l1 : gemm_Q4_1_rp_nf;
-    case QT_Q5_0: return l1 ? gemm_Q5_0_rp_l1 : gemm_Q5_0_rp_nf;
-    case QT_Q5_1: return l1 ? gemm_Q5_1_rp_l1 : gemm_Q5_1_rp_nf;
-    case QT_Q8_0: return l1 ? gemm_Q8_0_rp_l1 : gemm_Q8_0_rp_nf;
-    default: return NULL;
-    }
+    static const quant_gemm_fn k[8][CPU_STREAM_COUNT] = FORM_ROWS(rp);
+    DT_ASSERT((unsigned)form < CPU_STREAM_COUNT);
+    const int r = form_row(type);
+    return r < 0 ? NULL : k[r][form];
 }
 
 repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form) {
-    const int l1 = form == CPU_STREAM_TWO_L1;
-    switch (type) {
-    case QT_Q4_K: return l1 ? gemm_Q4_K_rp_next_l1 : gemm_Q4_K_rp_next_nf;
-    case QT_Q5_K: return l1 ? gemm_Q5_K_rp_next_l1 : gemm_Q5_K_rp_next_nf;
-    case QT_Q6_K: return l1 ? gemm_Q6_K_rp_next_l1 : gemm_Q6_K_rp_next_nf;
-    case QT_Q4_0: return l1 ? gemm_Q4_0_rp_next_l1 : gemm_Q4_0_rp_next_nf;
-    case QT_Q4_1: return l1 ? gemm_Q4_1_rp_next_l1 : gemm_Q4_1_rp_next_nf;
-    case QT_Q5_0: return l1 ? gemm_Q5_0_rp_next_l1 : gemm_Q5_0_rp_next_nf;
-    case QT_Q5_1: return l1 ? gemm_Q5_1_rp_next_l1 : gemm_Q5_1_rp_next_nf;
-    case QT_Q8_0: return l1 ? gemm_Q8_0_rp_next_l1 : gemm_Q8_0_rp_next_nf;
-    default: return NULL;
-    }
+    static const repack_gemm_next_fn k[8][CPU_STREAM_COUNT] = FORM_ROWS(rp_next);
+    DT_ASSERT((unsigned)form < CPU_STREAM_COUNT);
+    const int r = form_row(type);
+    return r < 0 ? NULL : k[r][form];
 }
