@@ -583,10 +583,39 @@ done:
     return rc;
 }
 
+/* --ahead-ab B: n solo steps of one stream with the run's requests ahead (--ahead, or the
+ * default) and with B bytes, paired as --forms pairs the stream forms. */
+static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, ditto_err *err) {
+    engine *ea[2] = {NULL, NULL};
+    int rc = -1;
+    for (int k = 0; k < 2; k++) {
+        engine_opts o = *base;
+        o.max_streams = 1, o.unify = false, o.profile = false;
+        if (k) o.cpu_ahead = bytes;
+        if (engine_create(&ea[k], m, &o, err)) goto done;
+    }
+    paired_out po;
+    if (paired_run(ea, 2, probe, plen, n, false, &po, err) < 0) goto done;
+    char was[32];
+    if (base->cpu_ahead < 0) snprintf(was, sizeof was, "the default, %d", CPU_AHEAD_BYTES);
+    else snprintf(was, sizeof was, "%ld", base->cpu_ahead);
+    printf("\nrequests ahead (%d solo steps with %s bytes and with %ld, each pair back to back in alternating order and"
+           " followed by one probe pass): %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
+           " %.2f against %.2f; per-step tok/s ratio, median %.3f (quartiles %.3f–%.3f); logits bitwise equal at every"
+           " step: %s\n",
+           n, was, bytes, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
+           po.rate_q[1], po.rate_q[0], po.rate_q[2], po.same ? "yes" : "NO");
+    rc = 0;
+done:
+    for (int k = 0; k < 2; k++) engine_free(ea[k]);
+    return rc;
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
+    int ahead = -1, ahead_ab = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -606,12 +635,16 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 1, 100, &repeat)) return 2;
         } else if (!strcmp(a, "--paired") && has) {
             if (cli_int("bench", a, argv[++i], 0, 100, &paired)) return 2;
+        } else if (!strcmp(a, "--ahead") && has) {
+            if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead)) return 2;
+        } else if (!strcmp(a, "--ahead-ab") && has) {
+            if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead_ab)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--paired N [--trace] [--forms]] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]\n");
             return 2;
         }
     }
@@ -632,6 +665,7 @@ int bench_cmd(int argc, char **argv) {
     o.ctx = plen + DT_MAX(gen, paired) + 1;
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, 512));
     o.profile = profile;
+    o.cpu_ahead = ahead;
     engine *e = NULL, *eu = NULL;
     double tc = time_now();
     if (engine_create(&e, m, &o, &err)) {
@@ -768,6 +802,7 @@ int bench_cmd(int argc, char **argv) {
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, &err) < 0) goto fail;
+    if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

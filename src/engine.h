@@ -16,6 +16,7 @@ typedef struct engine_opts {
     int max_rows;      /* rows per forward step (prefill chunk + decoders) */
     int cpu_level;     /* -1: best detected */
     int cpu_stream;    /* -1: this host's form (cpu/cpu_quant.h, cpu_stream_detect) */
+    long cpu_ahead;    /* -1: the default (cpu/prefetch.h, CPU_AHEAD_BYTES) */
     bool unify;        /* route lone decode rows through the batched path too */
     bool profile;      /* per-stage step timings (backend_ops.profile), for ditto bench */
 } engine_opts;

@@ -131,10 +131,23 @@ int main(void) {
         printf("%s\n", row);
     }
 
-    char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"}};
-    for (int i = 0; i < 3; i++) {
+    /* --ahead-ab: solo steps with the run's requests ahead and with the given bytes, paired;
+     * the requests never change the logits */
+    char *ah[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--ahead", "0", "--ahead-ab", "65536"};
+    rc = run_bench(17, ah, out, sizeof out);
+    CHECK(rc == 0, "bench --ahead-ab exit %d", rc);
+    const char *al = strstr(out, "\nrequests ahead (3 solo steps with 0 bytes and with 65536, ");
+    char aline[512] = "";
+    if (al) snprintf(aline, sizeof aline, "%.*s", (int)strcspn(al + 1, "\n"), al + 1);
+    CHECK(al && strstr(aline, "logits bitwise equal at every step: yes"), "--ahead-ab: a line, logits bitwise equal (%s)",
+          aline);
+
+    char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
+                      {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}};
+    for (int i = 0; i < 5; i++) {
         rc = run_bench(3, bad[i], out, sizeof out);
-        CHECK(rc == 2, "--paired %s: exit %d, want 2", bad[i][2], rc);
+        CHECK(rc == 2, "%s %s: exit %d, want 2", bad[i][1], bad[i][2], rc);
     }
     return test_summary();
 }

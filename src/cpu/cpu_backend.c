@@ -81,6 +81,7 @@ typedef struct cpu_state {
     pool *pool;
     int nth, max_rows, level;
     int stream; /* enum cpu_stream of the one-token kernels */
+    size_t ahead_bytes; /* of the next gemm stage, each waiting thread requests (ahead_finish) */
     bool prfchw; /* the CPU has PREFETCHW */
     char desc[96];
     quant_gemm_fn gemm[QT_COUNT];
@@ -314,7 +315,7 @@ static void ahead_add(cpu_state *st, const model_weight *w, int mat, int n_tok) 
 }
 
 /* Each thread's part of the plan: from the front of its claim segment (claim_reset's cut of the
- * same units) at most CPU_AHEAD_BYTES, to the segment's end, in up to CPU_NEXT_MAX regions. */
+ * same units) at most st->ahead_bytes, to the segment's end, in up to CPU_NEXT_MAX regions. */
 static void ahead_finish(cpu_state *st) {
     if (st->nth == 1) return;
     ahead_thr *t = st->ahead[!st->ahead_cur];
@@ -325,7 +326,7 @@ static void ahead_finish(cpu_state *st) {
         r->n = 0;
         t[th].done = 0;
         int u = claim_cut(total, st->nth, th), end = claim_cut(total, st->nth, th + 1), u0 = 0;
-        size_t left = CPU_AHEAD_BYTES;
+        size_t left = st->ahead_bytes;
         for (int i = 0; i < st->n_ahead_jobs && u < end && left && r->n < CPU_NEXT_MAX; i++) {
             const ahead_job *a = &st->ahead_jobs[i];
             if (u < u0 + a->units) {
@@ -835,8 +836,11 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
     if (o->cpu_stream >= CPU_STREAM_COUNT)
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
+    if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
+        return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
     cpu_state *st = xcalloc(1, sizeof *st);
     st->m = m;
+    st->ahead_bytes = o->cpu_ahead < 0 ? (size_t)CPU_AHEAD_BYTES : (size_t)o->cpu_ahead;
     st->kv = kv;
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;
