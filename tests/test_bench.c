@@ -116,18 +116,18 @@ int main(void) {
     const char *sf = strstr(out, "\nstream forms (3 solo steps");
     /* one row per form other than near-far (each paired with near-far): its backend, and its
      * logits bitwise equal to near-far's at every step */
-    static const char *const others[] = {"two-l1", "plain"};
-    for (int f = 0; f < 2; f++) {
+    for (int f = 1; f < CPU_STREAM_COUNT; f++) {
+        const char *name = cpu_stream_name((enum cpu_stream)f);
         char key[64], row[512] = "";
-        snprintf(key, sizeof key, "\n| %s | cpu ", others[f]);
+        snprintf(key, sizeof key, "\n| %s | cpu ", name);
         const char *r = sf ? strstr(sf, key) : NULL;
         if (r) snprintf(row, sizeof row, "%.*s", (int)strcspn(r + 1, "\n"), r + 1);
-        CHECK(r != NULL, "--forms: a row for %s", others[f]);
-        snprintf(key, sizeof key, "| %s | cpu avx512, 2 threads, weight stream %s |", others[f], others[f]);
-        if (cpu_level_detect() >= CPU_AVX512) CHECK(strstr(row, key) == row, "--forms: %s runs its own form (%s)", others[f], row);
+        CHECK(r != NULL, "--forms: a row for %s", name);
+        snprintf(key, sizeof key, "| %s | cpu avx512, 2 threads, weight stream %s |", name, name);
+        if (cpu_level_detect() >= CPU_AVX512) CHECK(strstr(row, key) == row, "--forms: %s runs its own form (%s)", name, row);
         const size_t n = strlen(row);
         CHECK(n > 7 && !strcmp(row + n - 7, "| yes |"), "--forms: %s's logits bitwise equal to near-far's at every step (%s)",
-              others[f], row);
+              name, row);
         printf("%s\n", row);
     }
 
