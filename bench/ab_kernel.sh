@@ -15,7 +15,8 @@
 #
 # AB_LEVEL=avx2 A/Bs src/cpu/repack_avx2.c instead (AB_VNNI=1: its AVX-VNNI build), for hosts without AVX-512.
 # AB_ROUNDS=N sets the kernel A/B's rounds (it prints the best-of ratio and the median of the per-round ones).
-# AB_FORM_A / AB_FORM_B = near-far | two-l1 | plain pick each side's one-token stream form (cpu/prefetch.h), e.g.
+# AB_FORM_A / AB_FORM_B = near-far | two-l1 | plain pick each side's one-token stream form (cpu/prefetch.h; at
+# AVX2 plain or the requests), e.g.
 # AB_FORM_B=two-l1 bench/ab_kernel.sh WORK WORK 400000 1 q4_k 2; a revision from before the forms has one (near-far).
 # REV may be WORK for the working tree's file. CFLAGS_A / CFLAGS_B add flags to one side's compile,
 # e.g. CFLAGS_B='-DCPU_PF_DIST=16384 -DCPU_PF_HINT=_MM_HINT_T1' (src/cpu/prefetch.h) with REV_A = REV_B.
@@ -61,11 +62,15 @@ for side in A B; do
     else git show "$rev:$SRC" > "$T/$side.c"; fi
     # a revision from before the stream forms (c2a006d): its entry points take the form and ignore it
     if [ $AVX2 = 1 ]; then
-        # its entry point takes the type only; ab_kernel.c calls repack_gemm_avx512_A / _B
+        # ab_kernel.c calls repack_gemm_avx512_A / _B; the entry point takes the form (near-far or
+        # plain) or, in a revision from before the AVX2 forms, the type only
         fn=repack_gemm_avx2
         [ "${AB_VNNI:-0}" = 1 ] && fn=repack_gemm_avx2vnni
-        printf '\nquant_gemm_fn repack_gemm_avx512_%s(uint32_t type, enum cpu_stream form) { (void)form; return %s(type); }\n' \
-            "$side" "$fn" >> "$T/$side.c"
+        args='type, form'
+        grep -q 'repack_gemm_avx2)(uint32_t type, enum cpu_stream form)' "$T/$side.c" ||
+            sed -i 's/^\(quant_gemm_fn RP_NAME(repack_gemm_avx2)\|repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)\)(uint32_t type)/\1(uint32_t type, enum cpu_stream form __attribute__((unused)))/' "$T/$side.c"
+        printf '\nquant_gemm_fn repack_gemm_avx512_%s(uint32_t type, enum cpu_stream form) { (void)form; return %s(%s); }\n' \
+            "$side" "$fn" "$args" >> "$T/$side.c"
     elif [ $ATTN = 0 ] && ! grep -q 'enum cpu_stream form' "$T/$side.c"; then
         sed -i 's/^\(quant_gemm_fn repack_gemm_avx512\|repack_gemm_next_fn repack_gemm_next_avx512\)(uint32_t type)/\1(uint32_t type, enum cpu_stream form __attribute__((unused)))/' "$T/$side.c"
     fi

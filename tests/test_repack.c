@@ -154,6 +154,20 @@ static void make_act(enum quant_act qa, uint8_t *dst, int k, int adv, float *xf)
 static enum cpu_level g_max;
 static int n_cases;
 
+/* The (level, stream form) pairs whose kernels differ, up to this CPU's level: generic; AVX2
+ * near-far and plain; AVX-512 every form. Returns their count (at most 6). */
+static int level_forms(int *lv, int *fm) {
+    int n = 0;
+    lv[n] = CPU_GENERIC, fm[n++] = CPU_STREAM_NEAR_FAR;
+    if (g_max >= CPU_AVX2) {
+        lv[n] = CPU_AVX2, fm[n++] = CPU_STREAM_NEAR_FAR;
+        lv[n] = CPU_AVX2, fm[n++] = CPU_STREAM_PLAIN;
+    }
+    if (g_max >= CPU_AVX512)
+        for (int f = 0; f < CPU_STREAM_COUNT; f++) lv[n] = CPU_AVX512, fm[n++] = f;
+    return n;
+}
+
 static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, int wadv, int aadv) {
     const quant_traits *tr = quant_traits_of(type);
     const size_t rb = quant_row_bytes(type, k), ab = quant_act_bytes(tr->act, k);
@@ -174,9 +188,11 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
     for (size_t i = 0; i < on; i++) ref[i] = bits_f32(0x7FC0DEAD);
     tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
-    /* every level, and at AVX-512 every stream form (cpu/prefetch.h: one or two streams per call) */
-    for (int lf = 0; lf <= (int)g_max + (g_max >= CPU_AVX512 ? CPU_STREAM_COUNT - 1 : 0); lf++) {
-        const int lv = DT_MIN(lf, (int)g_max), fm = lf - lv;
+    /* every level and its stream forms (cpu/prefetch.h) */
+    int lvs[8], fms[8];
+    const int nlf = level_forms(lvs, fms);
+    for (int lf = 0; lf < nlf; lf++) {
+        const int lv = lvs[lf], fm = fms[lf];
         const quant_gemm_fn f = repack_gemm(type, (enum cpu_level)lv, (enum cpu_stream)fm);
         for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
         f(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
@@ -206,12 +222,13 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     /* on a CPU with AVX-VNNI the AVX2 level runs that build (above); the plain AVX2 build too */
     if (g_max >= CPU_AVX2 && cpu_avx_vnni()) {
         const cpu_next nx = {2, {w, wp}, {rb * (size_t)R, repack_bytes(type, R, k)}};
-        for (int h = 0; h < 3; h++) {
+        for (int h = 0; h < 6; h++) {
+            const enum cpu_stream fm = h < 3 ? CPU_STREAM_NEAR_FAR : CPU_STREAM_PLAIN;
             for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
-            if (h == 0) repack_gemm_avx2(type)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
-            else repack_gemm_next_avx2(type)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride, h == 2 ? &nx : NULL);
-            CHECK(!memcmp(ref, got, on * 4), "%s avx2 (plain build, %s) R=%d rows [%d,%d) n_tok=%d k=%d: not bitwise equal",
-                  tr->name, h ? "next" : "gemm", R, r0, r1, n_tok, k);
+            if (h % 3 == 0) repack_gemm_avx2(type, fm)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
+            else repack_gemm_next_avx2(type, fm)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride, h % 3 == 2 ? &nx : NULL);
+            CHECK(!memcmp(ref, got, on * 4), "%s avx2 (plain build, %s, %s) R=%d rows [%d,%d) n_tok=%d k=%d: not bitwise equal",
+                  tr->name, cpu_stream_name(fm), h % 3 ? "next" : "gemm", R, r0, r1, n_tok, k);
         }
     }
     n_cases++;
@@ -352,12 +369,12 @@ static void test_layout(uint32_t type) {
     tr->gemm(w, rb, 0, R, k, a, ab, 3, ref, 40);
     /* every level and stream form, and the plain AVX2 build where the AVX-VNNI one runs; one token
      * (the one-token kernels) and three */
-    quant_gemm_fn fns[CPU_AVX512 + CPU_STREAM_COUNT + 1];
-    int nf = 0;
-    for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++)
-        for (int fm = 0; fm < (lv == CPU_AVX512 ? CPU_STREAM_COUNT : 1); fm++)
-            fns[nf++] = repack_gemm(type, (enum cpu_level)lv, (enum cpu_stream)fm);
-    if (g_max >= CPU_AVX2 && cpu_avx_vnni()) fns[nf++] = repack_gemm_avx2(type);
+    quant_gemm_fn fns[10];
+    int lvs[8], fms[8], nf = 0;
+    const int nlf = level_forms(lvs, fms);
+    for (int i = 0; i < nlf; i++) fns[nf++] = repack_gemm(type, (enum cpu_level)lvs[i], (enum cpu_stream)fms[i]);
+    if (g_max >= CPU_AVX2 && cpu_avx_vnni())
+        for (int f = 0; f < 2; f++) fns[nf++] = repack_gemm_avx2(type, f ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR);
     for (int i = 0; i < nf; i++)
         for (int nt = 1; nt <= 3; nt += 2) {
             memset(got, 0, sizeof got);
@@ -408,18 +425,25 @@ static void test_api(void) {
                                   repack_gemm_next(TYPES[i], CPU_AVX512, (enum cpu_stream)b),
                           "%s: stream forms %s and %s have their own AVX-512 kernels", quant_traits_of(TYPES[i])->name,
                           cpu_stream_name((enum cpu_stream)a), cpu_stream_name((enum cpu_stream)b));
-    CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == repack_gemm(QT_Q4_K, CPU_AVX2, L1), "below AVX-512 the form is ignored");
+    const enum cpu_stream PL = CPU_STREAM_PLAIN;
+    CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC, NF) == repack_gemm(QT_Q4_K, CPU_GENERIC, PL), "generic: the form is ignored");
     if (g_max >= CPU_AVX2) { /* the AVX-VNNI build where the CPU has it (and DITTO_AVXVNNI is not 0) */
-        quant_gemm_fn (*const a2)(uint32_t) = cpu_avx_vnni() ? repack_gemm_avx2vnni : repack_gemm_avx2;
-        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == a2(QT_Q4_K) && a2(QT_Q6_K) &&
-                  repack_gemm(QT_Q6_K, CPU_AVX2, NF) == a2(QT_Q6_K) &&
+        quant_gemm_fn (*const a2)(uint32_t, enum cpu_stream) = cpu_avx_vnni() ? repack_gemm_avx2vnni : repack_gemm_avx2;
+        CHECK(repack_gemm(QT_Q4_K, CPU_AVX2, NF) == a2(QT_Q4_K, NF) && a2(QT_Q6_K, NF) &&
+                  repack_gemm(QT_Q6_K, CPU_AVX2, NF) == a2(QT_Q6_K, NF) && repack_gemm(QT_Q6_K, CPU_AVX2, PL) == a2(QT_Q6_K, PL) &&
                   repack_gemm_next(QT_Q4_K, CPU_AVX2, NF) ==
-                      (cpu_avx_vnni() ? repack_gemm_next_avx2vnni : repack_gemm_next_avx2)(QT_Q4_K),
+                      (cpu_avx_vnni() ? repack_gemm_next_avx2vnni : repack_gemm_next_avx2)(QT_Q4_K, NF),
               "avx2 dispatch (avx-vnni: %d)", cpu_avx_vnni());
         if (cpu_avx_vnni())
-            CHECK(repack_gemm_avx2vnni(QT_Q4_K) != repack_gemm_avx2(QT_Q4_K), "the AVX-VNNI build is its own kernel");
+            CHECK(repack_gemm_avx2vnni(QT_Q4_K, NF) != repack_gemm_avx2(QT_Q4_K, NF), "the AVX-VNNI build is its own kernel");
+        /* AVX2 has two forms: plain, and the requests (two-l1 runs near-far's) */
+        for (int i = 0; i < 8; i++)
+            CHECK(repack_gemm(TYPES[i], CPU_AVX2, NF) == repack_gemm(TYPES[i], CPU_AVX2, L1) &&
+                      repack_gemm(TYPES[i], CPU_AVX2, NF) != repack_gemm(TYPES[i], CPU_AVX2, PL) &&
+                      repack_gemm_next(TYPES[i], CPU_AVX2, NF) != repack_gemm_next(TYPES[i], CPU_AVX2, PL),
+                  "%s: AVX2 plain has its own kernels, two-l1 is near-far's", quant_traits_of(TYPES[i])->name);
     }
-    CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC, NF) != repack_gemm_avx2(QT_Q4_K), "generic is its own kernel");
+    CHECK(repack_gemm(QT_Q4_K, CPU_GENERIC, NF) != repack_gemm_avx2(QT_Q4_K, NF), "generic is its own kernel");
     /* the form: DITTO_CPU_STREAM names one; anything else leaves the host's default */
     const char *old = getenv("DITTO_CPU_STREAM");
     char *keep = old ? strdup(old) : NULL;
@@ -436,8 +460,18 @@ static void test_api(void) {
     CHECK(!strcmp(cpu_stream_name(NF), "near-far") && !strcmp(cpu_stream_name(L1), "two-l1") &&
               !strcmp(cpu_stream_name(CPU_STREAM_PLAIN), "plain"),
           "form names");
-    CHECK(cpu_stream_select(CPU_AVX2, L1) == NF && cpu_stream_select(CPU_GENERIC, -1) == NF,
-          "below AVX-512 the form is near-far");
+    CHECK(cpu_stream_select(CPU_GENERIC, -1) == NF && cpu_stream_select(CPU_GENERIC, PL) == NF, "generic: near-far");
+    if (g_max >= CPU_AVX2) {
+        CHECK(cpu_stream_select(CPU_AVX2, L1) == NF && cpu_stream_select(CPU_AVX2, NF) == NF &&
+                  cpu_stream_select(CPU_AVX2, PL) == PL,
+              "AVX2: plain where asked for, else near-far");
+        unsetenv("DITTO_CPU_STREAM");
+        const bool pl = g_max >= CPU_AVX512 && cpu_stream_detect() == PL; /* Zen 4 at the AVX2 level */
+        CHECK(cpu_stream_select(CPU_AVX2, -1) == (pl ? PL : NF), "AVX2 by default: plain only where AVX-512 would be");
+        setenv("DITTO_CPU_STREAM", "plain", 1);
+        CHECK(cpu_stream_select(CPU_AVX2, -1) == PL, "AVX2: DITTO_CPU_STREAM=plain");
+        unsetenv("DITTO_CPU_STREAM");
+    }
     if (g_max >= CPU_AVX512)
         CHECK(cpu_stream_select(CPU_AVX512, L1) == L1 && cpu_stream_select(CPU_AVX512, NF) == NF &&
                   cpu_stream_select(CPU_AVX512, -1) == cpu_stream_detect(),
@@ -470,7 +504,8 @@ int main(void) {
     test_gemm(QT_Q5_0);
     test_gemm(QT_Q5_1);
     test_gemm(QT_Q8_0);
-    printf("  %d gemm cases x %d levels (and %d stream forms at avx512) in %.1f s\n", n_cases, (int)g_max + 1,
-           CPU_STREAM_COUNT, time_now() - t0);
+    int lvs[8], fms[8];
+    printf("  %d gemm cases x %d kernels (levels and their stream forms) in %.1f s\n", n_cases, level_forms(lvs, fms),
+           time_now() - t0);
     return test_summary();
 }

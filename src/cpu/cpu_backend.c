@@ -224,7 +224,7 @@ static int job_of(const cpu_state *st, int u, int hint) {
 }
 
 /* The stream form (cpu/prefetch.h) in which job j's kernel requests its weights: the host's
- * for the AVX-512 one-token kernels on repacked matrices, CPU_STREAM_NEAR_FAR for the rest. */
+ * for the one-token kernels on repacked matrices, CPU_STREAM_NEAR_FAR for the rest. */
 static int job_form(const cpu_state *st, const gemm_job *j) {
     return j->fn_nx && j->n_tok == 1 ? st->stream : CPU_STREAM_NEAR_FAR;
 }
@@ -849,7 +849,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     st->stream = (int)cpu_stream_select((enum cpu_level)st->level, o->cpu_stream);
-    const bool avx512 = st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512; /* kernels with a form */
+    const bool forms = st->level >= CPU_AVX2 && cpu_level_hw() >= CPU_AVX2; /* kernels with a form */
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
@@ -858,7 +858,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     }
     snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s", cpu_level_name(st->level),
              st->level == CPU_AVX2 && cpu_avx_vnni() ? " (avx-vnni)" : "", st->nth, st->nth > 1 ? "s" : "",
-             avx512 ? ", weight stream " : "", avx512 ? cpu_stream_name(st->stream) : "");
+             forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);

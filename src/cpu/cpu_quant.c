@@ -66,11 +66,18 @@ enum cpu_level cpu_level_detect(void) {
     return l;
 }
 
-enum cpu_stream cpu_stream_detect(void) {
+/* The form DITTO_CPU_STREAM names, or -1. */
+static int stream_env(void) {
     const char *e = getenv("DITTO_CPU_STREAM");
     if (e && !strcmp(e, "near-far")) return CPU_STREAM_NEAR_FAR;
     if (e && !strcmp(e, "two-l1")) return CPU_STREAM_TWO_L1;
     if (e && !strcmp(e, "plain")) return CPU_STREAM_PLAIN;
+    return -1;
+}
+
+enum cpu_stream cpu_stream_detect(void) {
+    const int e = stream_env();
+    if (e >= 0) return (enum cpu_stream)e;
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return CPU_STREAM_NEAR_FAR;
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
@@ -80,8 +87,11 @@ enum cpu_stream cpu_stream_detect(void) {
 }
 
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
-    if (level < CPU_AVX512 || cpu_level_hw() < CPU_AVX512) return CPU_STREAM_NEAR_FAR;
-    return want < 0 ? cpu_stream_detect() : (enum cpu_stream)want;
+    const enum cpu_level hw = cpu_level_hw();
+    if (level >= CPU_AVX512 && hw >= CPU_AVX512) return want < 0 ? cpu_stream_detect() : (enum cpu_stream)want;
+    if (level < CPU_AVX2 || hw < CPU_AVX2) return CPU_STREAM_NEAR_FAR;
+    if (want < 0) want = stream_env() >= 0 || hw >= CPU_AVX512 ? (int)cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
+    return want == CPU_STREAM_PLAIN ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
 }
 
 const char *cpu_stream_name(enum cpu_stream form) {

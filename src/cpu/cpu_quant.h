@@ -19,17 +19,22 @@
 
 enum cpu_level { CPU_GENERIC = 0, CPU_AVX2 = 1, CPU_AVX512 = 2 };
 
-/* How the AVX-512 one-token kernels stream a weight matrix (cpu/prefetch.h has the forms and
- * what each read where): the same results in every form, a different order of memory requests. */
+/* How the one-token kernels stream a weight matrix (cpu/prefetch.h has the forms and what each
+ * read where): the same results in every form, a different order of memory requests. */
 enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_PLAIN = 2, CPU_STREAM_COUNT };
 
-/* The form for this host: env DITTO_CPU_STREAM=near-far|two-l1|plain if set (anything else is
- * ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later, CPU_STREAM_PLAIN on
- * family 0x19 (Zen 4; Zen 3 has no AVX-512 and so one form), where each was measured faster, and
+/* The form for this host's AVX-512 kernels: env DITTO_CPU_STREAM=near-far|two-l1|plain if set
+ * (anything else is ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later,
+ * CPU_STREAM_PLAIN on family 0x19 (Zen 4), where each was measured faster, and
  * CPU_STREAM_NEAR_FAR elsewhere. */
 enum cpu_stream cpu_stream_detect(void);
-/* The form the kernels of `level` run: `want` (enum cpu_stream) or, if negative, this host's;
- * always CPU_STREAM_NEAR_FAR below AVX-512 (level or hardware), whose kernels have one form. */
+/* The form the kernels of `level` run: `want` (enum cpu_stream) or, if negative, this host's.
+ * At AVX-512 (level and hardware) any form. At AVX2, whose one-token kernels have two forms
+ * (their own requests, or none), CPU_STREAM_PLAIN where `want`, DITTO_CPU_STREAM or, on a host
+ * with AVX-512 (the AVX2 level asked for), cpu_stream_detect() says plain (on the Zen 4 host the
+ * AVX2 kernels read 1.21x in plain, bench/cpu-speed.md, twenty-eighth session), else
+ * CPU_STREAM_NEAR_FAR: a host without AVX-512 (Zen 3) has not been measured in plain. Below
+ * AVX2, CPU_STREAM_NEAR_FAR. */
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want);
 const char *cpu_stream_name(enum cpu_stream form);
 

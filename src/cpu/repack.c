@@ -398,7 +398,7 @@ static enum cpu_level rp_level(uint32_t type, enum cpu_level level) {
     const enum cpu_level hw = cpu_level_hw();
     if (level > hw) level = hw;
     if (level >= CPU_AVX512 && repack_gemm_avx512(type, CPU_STREAM_NEAR_FAR)) return CPU_AVX512;
-    if (level >= CPU_AVX2 && repack_gemm_avx2(type)) return CPU_AVX2;
+    if (level >= CPU_AVX2 && repack_gemm_avx2(type, CPU_STREAM_NEAR_FAR)) return CPU_AVX2;
     return CPU_GENERIC;
 }
 
@@ -406,7 +406,7 @@ quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream f
     if (!repack_supported(type)) return NULL;
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_avx512(type, form);
-    case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_avx2vnni(type) : repack_gemm_avx2(type);
+    case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_avx2vnni(type, form) : repack_gemm_avx2(type, form);
     default: return rp_generic[type].gemm;
     }
 }
@@ -415,7 +415,7 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum c
     if (!repack_supported(type)) return NULL;
     switch (rp_level(type, level)) {
     case CPU_AVX512: return repack_gemm_next_avx512(type, form);
-    case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_next_avx2vnni(type) : repack_gemm_next_avx2(type);
+    case CPU_AVX2: return cpu_avx_vnni() ? repack_gemm_next_avx2vnni(type, form) : repack_gemm_next_avx2(type, form);
     default: return rp_generic[type].next;
     }
 }

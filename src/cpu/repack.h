@@ -59,8 +59,8 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
  * the reference gemm.
  * level: CPU_GENERIC / CPU_AVX2 / CPU_AVX512; a level the hardware lacks (or without a
  * kernel) falls back to the next lower one; the generic kernel always exists. form: how the
- * AVX-512 one-token kernel streams the matrix (the other levels ignore it; same results). NULL
- * for an unsupported type. */
+ * one-token kernels stream the matrix (AVX-512: all three forms; AVX2: plain, or with its requests
+ * for the other two; generic: ignored; same results). NULL for an unsupported type. */
 quant_gemm_fn repack_gemm(uint32_t type, enum cpu_level level, enum cpu_stream form);
 
 /* The same gemm, told what the calling thread reads right after the call (nx, may be NULL;
@@ -76,11 +76,11 @@ repack_gemm_next_fn repack_gemm_next(uint32_t type, enum cpu_level level, enum c
 
 /* Per-level tables (repack_avx512.c, repack_avx2.c); NULL where the level has no kernel. */
 quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form);
-quant_gemm_fn repack_gemm_avx2(uint32_t type);
-quant_gemm_fn repack_gemm_avx2vnni(uint32_t type); /* the AVX2 kernels on AVX-VNNI: call only where cpu_avx_vnni() */
+quant_gemm_fn repack_gemm_avx2(uint32_t type, enum cpu_stream form);
+quant_gemm_fn repack_gemm_avx2vnni(uint32_t type, enum cpu_stream form); /* AVX-VNNI: only where cpu_avx_vnni() */
 repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form);
-repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type);
-repack_gemm_next_fn repack_gemm_next_avx2vnni(uint32_t type);
+repack_gemm_next_fn repack_gemm_next_avx2(uint32_t type, enum cpu_stream form);
+repack_gemm_next_fn repack_gemm_next_avx2vnni(uint32_t type, enum cpu_stream form);
 
 /* ---- layout constants (shared by repack.c and the SIMD kernels) ---- */
 /* Q4_K: a group is nb consecutive 2304-byte blocks. */

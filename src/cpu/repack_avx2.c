@@ -64,6 +64,16 @@ AI const uint8_t *launder(const uint8_t *p) {
     __asm__("" : "+r"(p));
     return p;
 }
+/* The same for an activation block: each half of q6k_one reads the activations through its own copy,
+ * so the compiler does not keep the broadcasts of one half for the other (it spilled them). */
+AI const block_q8k *launder_y(const block_q8k *p) {
+    __asm__ volatile("" : "+r"(p)); /* volatile: two copies of one pointer are not merged */
+    return p;
+}
+AI const uint8_t *launder_v(const uint8_t *p) {
+    __asm__ volatile("" : "+r"(p));
+    return p;
+}
 AI void pin(__m256i *v) { __asm__ volatile("" : "+x"(*v)); }
 
 AI __m256 chain(__m256 acc, __m256 d, float da, __m256i I) {
@@ -240,15 +250,22 @@ AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
     }
 }
 
+/* The weight requests of a one-token kernel for the `bytes` at p (one block): RP2_PF_DIST ahead
+ * into L1, continuing into nx past `end`, and again CPU_PF_AGAIN1 / CPU_PF_AGAIN2 ahead. The
+ * plain stream form (CPU_STREAM_PLAIN) makes none: the hardware prefetchers alone. */
+AI void one_requests(const uint8_t *p, size_t bytes, const uint8_t *end, const cpu_next *nx) {
+    cpu_prefetch_tier(p, bytes, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+    cpu_prefetch_again(p, bytes, end);
+}
+
 /* One token against one 16-row Q4_K group (every block, both halves' accumulators in
- * registers), its 16 sums to acc; the weight requests as gemm_rp's for one token. */
+ * registers), its 16 sums to acc; rq: with the weight requests (one_requests). */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
-                                                 const uint8_t *end, const cpu_next *nx) {
+                                                 const uint8_t *end, const cpu_next *nx, const bool rq) {
     __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        cpu_prefetch_tier(B, RP_Q4K_BLOCK, end, nx, RP2_PF_DIST, CPU_PF_HINT);
-        cpu_prefetch_again(B, RP_Q4K_BLOCK, end);
+        if (rq) one_requests(B, RP_Q4K_BLOCK, end, nx);
         q4k_one(B, y + b, a);
     }
     _mm256_store_ps(acc, a[0]);
@@ -319,6 +336,82 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
     }
 }
 
+#ifndef RP_AVXVNNI
+/* One token against one whole Q6_K block B (both halves; the 16 fp16 d at D), accumulators a[h]
+ * updated: the same integer sums and fp32 chain per lane as q6k_tokens(1, ...) on each half, in
+ * another order (q6k_one of repack_avx512.c, on ymm halves). The four weight vectors that share
+ * their loads (e = 32hh + 8sq + n, sq = 0..3: nibble vectors L[16hh + n], L[16hh + 8 + n], 2-bit
+ * vector H[8hh + n]) are made together from three loads; each sub-block's two int16 sums of two
+ * vectors (<= 2 * 2*63*127 = 32004 < 2^15, as in q6k_tokens) are scaled by vpmaddwd as soon as
+ * they are complete. The generic path at T = 1 made each vector from two loads, called a kernel
+ * per block half, and spilled (bench/cpu-speed.md, twenty-eighth session). */
+AI void q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m256 a[2]) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    /* per dword m: bytes (4m, 4m+1) or (4m+2, 4m+3) twice: the int16 (sc_j, sc_j) of j even / odd */
+    const __m256i dup[2] = {_mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0d0c0d0c, 0x01000100, 0x05040504,
+                                              0x09080908, 0x0d0c0d0c),
+                            _mm256_setr_epi32(0x03020302, 0x07060706, 0x0b0a0b0a, 0x0f0e0f0e, 0x03020302, 0x07060706,
+                                              0x0b0a0b0a, 0x0f0e0f0e)};
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const uint8_t *Bh = launder(B) + 32 * h, *Sh = launder(B) + 16 * h;
+        const block_q8k *yh = launder_y(y);
+        __m256i I = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int hh = 0; hh < 2; hh++) {
+            _Pragma("GCC unroll 4") for (int np = 0; np < 8; np += 2) {
+                __m256i ps[4]; /* sub-block 8hh + 2sq + (np >> 2): the int16 sums of vectors np & 3, +1 */
+                _Pragma("GCC unroll 2") for (int n = np; n < np + 2; n++) {
+                    const __m256i L0 = LD(Bh + rp_q6k_l(16 * hh + n)), L1 = LD(Bh + rp_q6k_l(16 * hh + 8 + n));
+                    const __m256i H = LD(Bh + rp_q6k_h(8 * hh + n));
+                    const __m256i u[4] = {
+                        _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30)),
+                        _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
+                                        _mm256_and_si256(_mm256_srli_epi16(H, 2), m30)),
+                    };
+                    _Pragma("GCC unroll 4") for (int sq = 0; sq < 4; sq++) {
+                        const int j = 8 * hh + 2 * sq + (n >> 2);
+                        const __m256i pr = _mm256_maddubs_epi16(u[sq], bcast4(yh->q + 16 * j + 4 * (n & 3)));
+                        ps[sq] = n == np ? pr : _mm256_add_epi16(ps[sq], pr);
+                        pin(&ps[sq]);
+                    }
+                }
+                const uint8_t *Sn = launder_v(Sh); /* the scale pairs loaded again for each use, not kept */
+                _Pragma("GCC unroll 4") for (int sq = 0; sq < 4; sq++) {
+                    const __m256i sc = _mm256_shuffle_epi8(q6k_scpair(Sn + rp_q6k_s(4 * hh + sq)), dup[np >> 2]);
+                    I = _mm256_add_epi32(I, _mm256_madd_epi16(ps[sq], sc));
+                    pin(&I);
+                }
+            }
+        }
+        __m256i Bs = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+            Bs = _mm256_add_epi32(Bs, _mm256_madd_epi16(q6k_scpair(Sh + rp_q6k_s(p)), bcast4(yh->bsums + 2 * p)));
+        a[h] = chain(a[h], ld_f16x8(D + 16 * h), yh->d, _mm256_sub_epi32(I, _mm256_slli_epi32(Bs, 5)));
+    }
+}
+
+
+/* One token against one 16-row Q6_K group (its header of fp16 d, then every block; both halves'
+ * accumulators in registers), its 16 sums to acc; rq as in q4k_group1. */
+static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *end, const cpu_next *nx, const bool rq) {
+    const size_t hdr = rp_q6k_header(nb);
+    if (rq) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+    __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
+        if (rq) one_requests(B, RP_Q6K_BLOCK, end, nx);
+        q6k_one(B, G + 32 * b, y + b, a);
+    }
+    _mm256_store_ps(acc, a[0]);
+    _mm256_store_ps(acc + 8, a[1]);
+}
+#define RP_ONE6 1 /* Q6_K has a one-token path */
+#else
+#define RP_ONE6 0 /* the AVX-VNNI build's T = 1 chunk kernel sums in int32: Q6_K keeps it */
+#endif
+
 /* ---- the gemm ------------------------------------------------------------------------------------ */
 
 typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, const block_q8k *const *y, float *acc);
@@ -355,7 +448,9 @@ static const tok_fn tok_table[3][TCH45 + 1] = {
     {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6},
 };
 
-static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
+/* plain: the stream form CPU_STREAM_PLAIN, whose one-token calls make no weight requests (the
+ * multi-token ones keep theirs, as at AVX-512). */
+static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
     const int is6 = type == QT_Q6_K, ti = type == QT_Q5_K ? 2 : is6;
     const int nb = k / QK_K;
@@ -366,23 +461,29 @@ static void gemm_rp(const int type, GEMM_ARGS, const cpu_next *nx) {
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
     const int tch = is6 ? TCH : TCH45;
     const block_q8k *y[TCH45];
-    if (n_tok == 1 && type == QT_Q4_K) { /* one token, Q4_K: whole groups (q4k_group1) */
+    if (n_tok == 1 && (type == QT_Q4_K || (is6 && RP_ONE6))) { /* one token: whole groups (q4k_group1, q6k_group1) */
         for (int g = g0; g < g1; g++) {
-            q4k_group1((const uint8_t *)w + (size_t)g * group_bytes, nb, (const block_q8k *)act, acc, end, nx);
+            const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
+#if RP_ONE6
+            if (is6) q6k_group1(G, nb, (const block_q8k *)act, acc, end, nx, !plain);
+            else
+#endif
+                q4k_group1(G, nb, (const block_q8k *)act, acc, end, nx, !plain);
             memcpy(out + (size_t)g * REPACK_ROWS, acc, sizeof(float) * (size_t)DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS));
         }
         return;
     }
+    const bool rq = !(plain && n_tok == 1);
     for (int ts = 0; ts < n_tok; ts += TSUP) {
         const int nt = DT_MIN(TSUP, n_tok - ts);
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+            if (is6 && rq) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
-                cpu_prefetch_tier(B, bb, end, nx, RP2_PF_DIST, CPU_PF_HINT);
-                if (nt == 1) cpu_prefetch_again(B, bb, end);
+                if (rq && nt == 1) one_requests(B, bb, end, nx);
+                else if (rq) cpu_prefetch_tier(B, bb, end, nx, RP2_PF_DIST, CPU_PF_HINT);
                 for (int h = 0; h < 2; h++)
                     for (int c = 0, tc = 0, n; tc < nt; tc += n, c++) {
                         n = chunk_len(nt, tch, c);
@@ -514,10 +615,8 @@ AI void q32_group(const int type, const int T, const uint8_t *G, int nb, const b
     _Pragma("GCC unroll 8") for (int i = 0; i < 2 * T; i++) a[i] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b += 2) {
         const uint8_t *U = G + (size_t)(b / 2) * ub;
-        if (pf) {
-            cpu_prefetch_tier(U, ub, end, nx, RP2_PF_DIST, CPU_PF_HINT);
-            if (T == 1) cpu_prefetch_again(U, ub, end);
-        }
+        if (pf && T == 1) one_requests(U, ub, end, nx);
+        else if (pf) cpu_prefetch_tier(U, ub, end, nx, RP2_PF_DIST, CPU_PF_HINT);
         const block_q8a *yb[TCH];
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) yb[t] = y[t] + b;
         q32_unit(type, T, U, b + 1 < nb, yb, a);
@@ -545,7 +644,8 @@ DEF_Q32_T(q80, QT_Q8_0)
 #define Q32_ROW(N) {NULL, N##_t1, N##_t2, N##_t3, N##_t4}
 static const q32_fn q32_table[5][TCH + 1] = {Q32_ROW(q40), Q32_ROW(q41), Q32_ROW(q50), Q32_ROW(q51), Q32_ROW(q80)};
 
-static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
+/* plain as in gemm_rp. */
+static void gemm_q32(const int type, const bool plain, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
     const int nb = k / QK32, g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
@@ -557,7 +657,8 @@ static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
             n = chunk_len(n_tok, TCH, c);
             for (int t = 0; t < n; t++)
                 y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
-            q32_table[rp_q32_index((uint32_t)type)][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx, tc == 0);
+            q32_table[rp_q32_index((uint32_t)type)][n]((const uint8_t *)w + (size_t)g * group_bytes, nb, y, acc, end, nx,
+                                                       tc == 0 && !(plain && n_tok == 1));
             for (int t = 0; t < n; t++)
                 memcpy(out + (size_t)(tc + t) * out_stride + (size_t)g * REPACK_ROWS, acc + 16 * t, sizeof(float) * (size_t)nr);
         }
@@ -565,45 +666,42 @@ static void gemm_q32(const int type, GEMM_ARGS, const cpu_next *nx) {
 }
 
 #define PASS w, group_bytes, r0, r1, k, act, act_bytes, n_tok, out, out_stride
-#define DEF_GEMM32(T, t)                                                                                    \
-    static void gemm_##t##_rp_avx2(GEMM_ARGS) { gemm_q32(QT_##T, PASS, NULL); }                               \
-    static void gemm_##t##_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_q32(QT_##T, PASS, nx); }
-DEF_GEMM32(Q4_0, q4_0)
-DEF_GEMM32(Q4_1, q4_1)
-DEF_GEMM32(Q5_0, q5_0)
-DEF_GEMM32(Q5_1, q5_1)
-DEF_GEMM32(Q8_0, q8_0)
-static void gemm_q4_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q4_K, PASS, NULL); }
-static void gemm_q5_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q5_K, PASS, NULL); }
-static void gemm_q5_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q5_K, PASS, nx); }
-static void gemm_q6_K_rp_avx2(GEMM_ARGS) { gemm_rp(QT_Q6_K, PASS, NULL); }
-static void gemm_q4_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q4_K, PASS, nx); }
-static void gemm_q6_K_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { gemm_rp(QT_Q6_K, PASS, nx); }
+/* Per type, the kernels of the two forms: [0] with the one-token requests (near-far, and two-l1,
+ * which has no AVX2 kernels of its own), [1] plain. */
+#define DEF_GEMM(T, FN)                                                                                      \
+    static void gemm_##T##_rp_avx2(GEMM_ARGS) { FN(QT_##T, false, PASS, NULL); }                              \
+    static void gemm_##T##_rp_pl_avx2(GEMM_ARGS) { FN(QT_##T, true, PASS, NULL); }                            \
+    static void gemm_##T##_rp_next_avx2(GEMM_ARGS, const cpu_next *nx) { FN(QT_##T, false, PASS, nx); }       \
+    static void gemm_##T##_rp_next_pl_avx2(GEMM_ARGS, const cpu_next *nx) { FN(QT_##T, true, PASS, nx); }
+DEF_GEMM(Q4_K, gemm_rp)
+DEF_GEMM(Q5_K, gemm_rp)
+DEF_GEMM(Q6_K, gemm_rp)
+DEF_GEMM(Q4_0, gemm_q32)
+DEF_GEMM(Q4_1, gemm_q32)
+DEF_GEMM(Q5_0, gemm_q32)
+DEF_GEMM(Q5_1, gemm_q32)
+DEF_GEMM(Q8_0, gemm_q32)
 
-quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type) {
-    switch (type) {
-    case QT_Q4_K: return gemm_q4_K_rp_avx2;
-    case QT_Q5_K: return gemm_q5_K_rp_avx2;
-    case QT_Q6_K: return gemm_q6_K_rp_avx2;
-    case QT_Q4_0: return gemm_q4_0_rp_avx2;
-    case QT_Q4_1: return gemm_q4_1_rp_avx2;
-    case QT_Q5_0: return gemm_q5_0_rp_avx2;
-    case QT_Q5_1: return gemm_q5_1_rp_avx2;
-    case QT_Q8_0: return gemm_q8_0_rp_avx2;
-    default: return NULL;
-    }
+/* Index of a repacked type in the tables below, or -1. */
+static int type_row(uint32_t type) {
+    static const uint32_t types[8] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
+    for (int i = 0; i < 8; i++)
+        if (types[i] == type) return i;
+    return -1;
+}
+#define ROW(T, NAME) {gemm_##T##_##NAME##_avx2, gemm_##T##_##NAME##_pl_avx2}
+#define ROWS(NAME)                                                                                            \
+    {ROW(Q4_K, NAME), ROW(Q5_K, NAME), ROW(Q6_K, NAME), ROW(Q4_0, NAME),                                      \
+     ROW(Q4_1, NAME), ROW(Q5_0, NAME), ROW(Q5_1, NAME), ROW(Q8_0, NAME)}
+
+quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type, enum cpu_stream form) {
+    static const quant_gemm_fn k[8][2] = ROWS(rp);
+    const int r = type_row(type);
+    return r < 0 ? NULL : k[r][form == CPU_STREAM_PLAIN];
 }
 
-repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type) {
-    switch (type) {
-    case QT_Q4_K: return gemm_q4_K_rp_next_avx2;
-    case QT_Q5_K: return gemm_q5_K_rp_next_avx2;
-    case QT_Q6_K: return gemm_q6_K_rp_next_avx2;
-    case QT_Q4_0: return gemm_q4_0_rp_next_avx2;
-    case QT_Q4_1: return gemm_q4_1_rp_next_avx2;
-    case QT_Q5_0: return gemm_q5_0_rp_next_avx2;
-    case QT_Q5_1: return gemm_q5_1_rp_next_avx2;
-    case QT_Q8_0: return gemm_q8_0_rp_next_avx2;
-    default: return NULL;
-    }
+repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type, enum cpu_stream form) {
+    static const repack_gemm_next_fn k[8][2] = ROWS(rp_next);
+    const int r = type_row(type);
+    return r < 0 ? NULL : k[r][form == CPU_STREAM_PLAIN];
 }
