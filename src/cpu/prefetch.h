@@ -160,7 +160,7 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
  * fast ones (the first two gained there too: 1.06-1.28x); the 2- to 8-token kernels mostly read
  * less with them (T = 2: 0.87-1.09x, T = 3-8: 0.59-1.01x; compute, not the stream, sets their
  * pace), and in cache the one-token kernels run ~0.7x (weights of a decode step are never in
- * cache). So only the AVX2 one-token path uses it now (the AVX-512 one-token kernels dropped it
+ * cache). So only the AVX2 one-token path in its near-far form uses it now (the AVX-512 one-token kernels dropped it
  * with all their software prefetch in the tenth session). bench/cpu-speed.md, ninth session. */
 #define CPU_PF_AGAIN1 16384
 #define CPU_PF_AGAIN2 8192

@@ -17,8 +17,11 @@
  * With AVX-VNNI (the build in repack_avx2vnni.c, RP_AVXVNNI) each sub-block's products are
  * summed in int32 lanes by vpdpbusd and scaled by vpmulld instead (sb_dot / sb_mul_add below).
  * int32 bounds as in repack_avx512.c. Blocks ascend: every lane runs the reference's chain.
- * One token (Q4_K) has its own path, q4k_group1: a whole 16-row group per call, both halves at
- * once. Sums that GCC may reassociate are pinned in order (pin): reassociated, it kept a
+ * One token (Q4_K, and Q6_K in the plain build) has its own path, q4k_group1 / q6k_group1: a whole
+ * 16-row group per call, both halves at once; in the plain build Q4_K chunks of 2-6 tokens run
+ * both halves at once too (q4k_tokens16), so each activation broadcast serves 16 rows. The
+ * one-token calls request their weights ahead (one_requests) unless the stream form is plain.
+ * Sums that GCC may reassociate are pinned in order (pin): reassociated, it kept a
  * sub-block's eight products live and spilled them (bench/cpu-speed.md, twenty-third session). */
 #include <immintrin.h>
 #include <string.h>
@@ -412,6 +415,79 @@ static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const
 #define RP_ONE6 0 /* the AVX-VNNI build's T = 1 chunk kernel sums in int32: Q6_K keeps it */
 #endif
 
+#ifndef RP_AVXVNNI
+#define TCH16 6 /* tokens per chunk of q4k_tokens16 (4 or 5 read 0.87-0.96x at 5-32 tokens) */
+/* T tokens (y[t]: their activation block) against one whole Q4_K block B, both halves at once:
+ * each activation broadcast serves the 16 rows (the half-block kernel, q45k_tokens, makes every
+ * broadcast twice, and llvm-mca's Zen 3 model puts each on a vector pipe, as many as the
+ * vpmaddubsw). The same int16 sums (8 vectors each) and the same I, M and fp32 chain per lane as
+ * q45k_tokens(0, T, ...) on each half; the I sums live in memory (L1) at T = 6. In cache, one
+ * thread: 1.05-1.12x the half-block kernel at 2-32 tokens (bench/cpu-speed.md, twenty-eighth
+ * session). acc: T x 16 floats (half h at 8h). */
+AI void q4k_tokens16(const int T, const uint8_t *B, const block_q8k *const *y, float *acc) {
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    __m256i scv[2][8]; /* (sc_j, sc_j) of each half: made once, read as memory operands */
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const __m256i lo = q4k_slo(B + 32 * h), hi = q4k_shi(B + 32 * h);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) scv[h][j] = sb_scale(j < 4 ? lo : hi, j & 3);
+    }
+    __m256i I[TCH16][2];
+    _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) I[t][0] = I[t][1] = _mm256_setzero_si256();
+    _Pragma("GCC unroll 1") for (int p = 0; p < 4; p++) {
+        const uint8_t *Bp = launder(B) + RP_Q4K_QS + 512 * p;
+        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+            const int j = 2 * p + e;
+            __m256i s[TCH16][2];
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+                __m256i W[2];
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                    const __m256i Q = LD(Bp + 64 * i + 32 * h);
+                    W[h] = e ? _mm256_and_si256(_mm256_srli_epi16(Q, 4), m0f) : _mm256_and_si256(Q, m0f);
+                }
+                _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+                    const __m256i a = bcast4(y[t]->q + 32 * j + 4 * i);
+                    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                        s[t][h] = _mm256_add_epi16(s[t][h], _mm256_maddubs_epi16(W[h], a));
+                        pin(&s[t][h]);
+                    }
+                }
+            }
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                I[t][h] = sb_mul_add(I[t][h], s[t][h], scv[h][j]);
+                pin(&I[t][h]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m256i mp[4];
+        q4k_min_pairs(B + 32 * h, mp);
+        const __m256 d = ld_f16x8(B + RP_Q4K_D + 16 * h), dmin = ld_f16x8(B + RP_Q4K_DMIN + 16 * h);
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+            const __m256i M = q4k_min_sum(mp, y[t]);
+            __m256 a = _mm256_load_ps(acc + 16 * t + 8 * h);
+            a = chain(a, d, y[t]->d, I[t][h]);
+            a = chain_neg(a, dmin, y[t]->d, M);
+            _mm256_store_ps(acc + 16 * t + 8 * h, a);
+        }
+    }
+}
+typedef void (*tok16_fn)(const uint8_t *B, const block_q8k *const *y, float *acc);
+#define DEF_T16(T)                                                                                              \
+    static __attribute__((noinline)) void q4k_u##T(const uint8_t *B, const block_q8k *const *y, float *acc) {   \
+        q4k_tokens16(T, B, y, acc);                                                                             \
+    }
+DEF_T16(2)
+DEF_T16(3)
+DEF_T16(4)
+DEF_T16(5)
+DEF_T16(6)
+static const tok16_fn tok16_table[TCH16 + 1] = {NULL, NULL, q4k_u2, q4k_u3, q4k_u4, q4k_u5, q4k_u6};
+#define RP_TOK16 1 /* Q4_K chunks of 2..TCH16 tokens run q4k_tokens16 */
+#else
+#define RP_TOK16 0
+#endif
+
 /* ---- the gemm ------------------------------------------------------------------------------------ */
 
 typedef void (*tok_fn)(const uint8_t *B, const uint8_t *S, const uint8_t *D, const block_q8k *const *y, float *acc);
@@ -484,6 +560,17 @@ static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next 
                 const uint8_t *B = G + hdr + (size_t)b * bb;
                 if (rq && nt == 1) one_requests(B, bb, end, nx);
                 else if (rq) cpu_prefetch_tier(B, bb, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+#if RP_TOK16
+                if (type == QT_Q4_K && nt > 1) {
+                    for (int c = 0, tc = 0, n; tc < nt; tc += n, c++) {
+                        n = chunk_len(nt, TCH16, c);
+                        for (int t = 0; t < n; t++)
+                            y[t] = (const block_q8k *)(const void *)((const uint8_t *)act + (size_t)(ts + tc + t) * act_bytes) + b;
+                        tok16_table[n](B, y, acc + 16 * tc);
+                    }
+                    continue;
+                }
+#endif
                 for (int h = 0; h < 2; h++)
                     for (int c = 0, tc = 0, n; tc < nt; tc += n, c++) {
                         n = chunk_len(nt, tch, c);
