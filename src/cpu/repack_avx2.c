@@ -544,9 +544,14 @@ static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next 
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
-    /* Q6_K: up to six tokens in one chunk (a batch's dense gemms: 1.04-1.12x two chunks of three in
-     * cache), more in chunks of four (six-token chunks spill: 0.77x at 32 tokens) */
+    /* Q6_K in the plain build: up to six tokens in one chunk (a batch's dense gemms: 1.04-1.12x two
+     * chunks of three in cache), more in chunks of four (six-token chunks spill: 0.77x at 32 tokens);
+     * the AVX-VNNI build (not measured at six) always in chunks of four */
+#ifdef RP_AVXVNNI
+    const int tch = is6 ? TCH : TCH45;
+#else
     const int tch = is6 ? (n_tok <= TCH45 ? n_tok : TCH) : TCH45;
+#endif
     const block_q8k *y[TCH45];
     if (n_tok == 1 && (type == QT_Q4_K || (is6 && RP_ONE6))) { /* one token: whole groups (q4k_group1, q6k_group1) */
         for (int g = g0; g < g1; g++) {
