@@ -129,4 +129,14 @@ static inline int rp_q32_index(uint32_t t) {
     return t == QT_Q4_0 ? 0 : t == QT_Q4_1 ? 1 : t == QT_Q5_0 ? 2 : t == QT_Q5_1 ? 3 : 4;
 }
 
+/* Index of a repacked type in the SIMD levels' dispatch tables (rows Q4_K, Q5_K, Q6_K, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0), or -1. */
+#define RP_TYPES 8
+static inline int rp_type_row(uint32_t t) {
+    static const uint32_t types[RP_TYPES] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
+    for (int i = 0; i < RP_TYPES; i++)
+        if (types[i] == t) return i;
+    return -1;
+}
+
 #endif

@@ -294,6 +294,13 @@ AI __m256i q6k_w(const uint8_t *B, int j, int i) {
                      : s == 2 ? H : _mm256_srli_epi16(H, 2);
     return _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
 }
+/* The vpshufb index that makes (sc_j, sc_j) in each dword of a scale pair (q6k_scpair): per dword
+ * m, bytes (4m, 4m+1) twice for j even, (4m+2, 4m+3) twice for j odd. */
+AI __m256i q6k_dup(const int odd) {
+    const __m256i d0 = _mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0d0c0d0c, 0x01000100, 0x05040504,
+                                         0x09080908, 0x0d0c0d0c);
+    return odd ? _mm256_add_epi8(d0, _mm256_set1_epi8(2)) : d0;
+}
 /* A scale pair of the half's 8 rows from its 16 bytes at S: dword lane = int16 (sc_2p, sc_2p+1). */
 AI __m256i q6k_scpair(const uint8_t *S) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)S)); }
 
@@ -303,10 +310,7 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
     __m256i I[TCH45];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm256_setzero_si256();
 #ifndef RP_AVXVNNI
-    /* per dword m: bytes (4m, 4m+1, 4m, 4m+1) / (4m+2, 4m+3, 4m+2, 4m+3) */
-    const __m256i dup0 = _mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0d0c0d0c, 0x01000100, 0x05040504,
-                                           0x09080908, 0x0d0c0d0c);
-    const __m256i dup1 = _mm256_add_epi8(dup0, _mm256_set1_epi8(2));
+    const __m256i dup0 = q6k_dup(0), dup1 = q6k_dup(1);
 #endif
     _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
         const uint8_t *Bj = launder(B);
@@ -357,11 +361,7 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
  * per block half, and spilled (bench/cpu-speed.md, twenty-eighth session). */
 AI void q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m256 a[2]) {
     const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    /* per dword m: bytes (4m, 4m+1) or (4m+2, 4m+3) twice: the int16 (sc_j, sc_j) of j even / odd */
-    const __m256i dup[2] = {_mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0d0c0d0c, 0x01000100, 0x05040504,
-                                              0x09080908, 0x0d0c0d0c),
-                            _mm256_setr_epi32(0x03020302, 0x07060706, 0x0b0a0b0a, 0x0f0e0f0e, 0x03020302, 0x07060706,
-                                              0x0b0a0b0a, 0x0f0e0f0e)};
+    const __m256i dup[2] = {q6k_dup(0), q6k_dup(1)};
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         const uint8_t *Bh = launder(B) + 32 * h, *Sh = launder(B) + 16 * h;
         const block_q8k *yh = launder_y(y);
@@ -400,7 +400,6 @@ AI void q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m256 a
         a[h] = chain(a[h], ld_f16x8(D + 16 * h), yh->d, _mm256_sub_epi32(I, _mm256_slli_epi32(Bs, 5)));
     }
 }
-
 
 /* One token against one 16-row Q6_K group (its header of fp16 d, then every block; both halves'
  * accumulators in registers), its 16 sums to acc; rq as in q4k_group1. */
@@ -785,26 +784,19 @@ DEF_GEMM(Q5_0, gemm_q32)
 DEF_GEMM(Q5_1, gemm_q32)
 DEF_GEMM(Q8_0, gemm_q32)
 
-/* Index of a repacked type in the tables below, or -1. */
-static int type_row(uint32_t type) {
-    static const uint32_t types[8] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
-    for (int i = 0; i < 8; i++)
-        if (types[i] == type) return i;
-    return -1;
-}
 #define ROW(T, NAME) {gemm_##T##_##NAME##_avx2, gemm_##T##_##NAME##_pl_avx2}
 #define ROWS(NAME)                                                                                            \
     {ROW(Q4_K, NAME), ROW(Q5_K, NAME), ROW(Q6_K, NAME), ROW(Q4_0, NAME),                                      \
      ROW(Q4_1, NAME), ROW(Q5_0, NAME), ROW(Q5_1, NAME), ROW(Q8_0, NAME)}
 
 quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type, enum cpu_stream form) {
-    static const quant_gemm_fn k[8][2] = ROWS(rp);
-    const int r = type_row(type);
+    static const quant_gemm_fn k[RP_TYPES][2] = ROWS(rp);
+    const int r = rp_type_row(type);
     return r < 0 ? NULL : k[r][form == CPU_STREAM_PLAIN];
 }
 
 repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type, enum cpu_stream form) {
-    static const repack_gemm_next_fn k[8][2] = ROWS(rp_next);
-    const int r = type_row(type);
+    static const repack_gemm_next_fn k[RP_TYPES][2] = ROWS(rp_next);
+    const int r = rp_type_row(type);
     return r < 0 ? NULL : k[r][form == CPU_STREAM_PLAIN];
 }

@@ -856,28 +856,21 @@ DEF_GEMM(Q4_K, CPU_STREAM_PLAIN, _pl)
 DEF_GEMM(Q5_K, CPU_STREAM_PLAIN, _pl)
 DEF_GEMM(Q6_K, CPU_STREAM_PLAIN, _pl)
 
-/* Index of a repacked type in the dispatch tables below, or -1. */
-static int form_row(uint32_t type) {
-    static const uint32_t types[8] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0};
-    for (int i = 0; i < 8; i++)
-        if (types[i] == type) return i;
-    return -1;
-}
 #define FORMS(T, NAME) {gemm_##T##_##NAME##_nf, gemm_##T##_##NAME##_l1, gemm_##T##_##NAME##_pl}
 #define FORM_ROWS(NAME)                                                                                     \
     {FORMS(Q4_K, NAME), FORMS(Q5_K, NAME), FORMS(Q6_K, NAME), FORMS(Q4_0, NAME),                            \
      FORMS(Q4_1, NAME), FORMS(Q5_0, NAME), FORMS(Q5_1, NAME), FORMS(Q8_0, NAME)}
 
 quant_gemm_fn repack_gemm_avx512(uint32_t type, enum cpu_stream form) {
-    static const quant_gemm_fn k[8][CPU_STREAM_COUNT] = FORM_ROWS(rp);
+    static const quant_gemm_fn k[RP_TYPES][CPU_STREAM_COUNT] = FORM_ROWS(rp);
     DT_ASSERT((unsigned)form < CPU_STREAM_COUNT);
-    const int r = form_row(type);
+    const int r = rp_type_row(type);
     return r < 0 ? NULL : k[r][form];
 }
 
 repack_gemm_next_fn repack_gemm_next_avx512(uint32_t type, enum cpu_stream form) {
-    static const repack_gemm_next_fn k[8][CPU_STREAM_COUNT] = FORM_ROWS(rp_next);
+    static const repack_gemm_next_fn k[RP_TYPES][CPU_STREAM_COUNT] = FORM_ROWS(rp_next);
     DT_ASSERT((unsigned)form < CPU_STREAM_COUNT);
-    const int r = form_row(type);
+    const int r = rp_type_row(type);
     return r < 0 ? NULL : k[r][form];
 }
