@@ -267,7 +267,18 @@ static void act_dequant(enum quant_act a, const uint8_t *src, double *x, int k) 
 
 static enum cpu_level g_max; /* best level of this machine */
 
-/* One case: rows [r0, r1) of R, n_tok tokens, length k; generic vs every SIMD level. */
+/* The SIMD kernels under test: kv = 2 * (level - CPU_AVX2) + form, form 0 the level's gemm
+ * (cpu_quant_gemm) and 1 its gemm in the plain stream form where that is another kernel
+ * (cpu_quant_gemm_form), else NULL. */
+static quant_gemm_fn kernel_of(uint32_t type, int kv) {
+    const enum cpu_level lv = (enum cpu_level)(CPU_AVX2 + kv / 2);
+    quant_gemm_fn f = cpu_quant_gemm(type, lv);
+    if (!(kv & 1)) return f;
+    quant_gemm_fn g = cpu_quant_gemm_form(type, lv, CPU_STREAM_PLAIN);
+    return g != f ? g : NULL;
+}
+
+/* One case: rows [r0, r1) of R, n_tok tokens, length k; generic vs every SIMD kernel (kernel_of). */
 static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, int wadv, int aadv) {
     const quant_traits *tr = quant_traits_of(type);
     const size_t rb = quant_row_bytes(type, k);
@@ -285,8 +296,10 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
     for (size_t i = 0; i < on; i++) ref[i] = bits_f32(0x7FC0DEAD);
     tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
-    for (int lv = CPU_AVX2; lv <= (int)g_max; lv++) {
-        quant_gemm_fn f = cpu_quant_gemm(type, (enum cpu_level)lv);
+    for (int kv = 0; kv < 2 * ((int)g_max - CPU_AVX2 + 1); kv++) {
+        const int lv = CPU_AVX2 + kv / 2;
+        quant_gemm_fn f = kernel_of(type, kv);
+        if (!f) continue;
         for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
         f(w, rb, r0, r1, k, a, ab, n_tok, got, stride);
         int bad = memcmp(ref, got, on * 4) != 0;
@@ -298,8 +311,8 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
                     break;
                 }
         }
-        CHECK(!bad, "%s %s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal", tr->name,
-              cpu_level_name((enum cpu_level)lv), R, r0, r1, n_tok, k, wadv, aadv);
+        CHECK(!bad, "%s %s%s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal", tr->name,
+              cpu_level_name((enum cpu_level)lv), kv & 1 ? " plain" : "", R, r0, r1, n_tok, k, wadv, aadv);
     }
     free(w), free(xf), free(a), free(ref), free(got);
 }
@@ -365,11 +378,17 @@ static void test_signed_zero_tails(void) {
             }
             for (int i = 0; i < k * NT; i++) x[i] = types[ti] == QT_F16 ? 1e-40f : 1e-30f;
             tr->gemm(w, rb, 0, R, k, x, (size_t)k * 4, NT, ref, R);
-            for (int lv = CPU_AVX2; lv <= (int)g_max; lv++) {
-                cpu_quant_gemm(types[ti], (enum cpu_level)lv)(w, rb, 0, R, k, x, (size_t)k * 4, NT, got, R);
-                CHECK(!memcmp(ref, got, sizeof ref) && (k < 32 || f32_bits(ref[0]) == 0x80000000u),
-                      "%s %s k=%d: signed zero through the tail (ref %08x got %08x)", tr->name,
-                      cpu_level_name((enum cpu_level)lv), k, f32_bits(ref[0]), f32_bits(got[0]));
+            for (int kv = 0; kv < 2 * ((int)g_max - CPU_AVX2 + 1); kv++) {
+                quant_gemm_fn f = kernel_of(types[ti], kv);
+                if (!f) continue;
+                for (int nt = 1; nt <= NT; nt += NT - 1) { /* one token (its own row count) and three */
+                    memset(got, 0, sizeof got);
+                    f(w, rb, 0, R, k, x, (size_t)k * 4, nt, got, R);
+                    CHECK(!memcmp(ref, got, sizeof(float) * (size_t)R * (size_t)nt) && (k < 32 || f32_bits(ref[0]) == 0x80000000u),
+                          "%s %s%s k=%d n_tok=%d: signed zero through the tail (ref %08x got %08x)", tr->name,
+                          cpu_level_name((enum cpu_level)(CPU_AVX2 + kv / 2)), kv & 1 ? " plain" : "", k, nt,
+                          f32_bits(ref[0]), f32_bits(got[0]));
+                }
             }
             free(w), free(x);
         }
@@ -581,6 +600,15 @@ static void test_dispatch(void) {
         if (g_max >= CPU_AVX512)
             CHECK(cpu_quant_gemm(ALL_TYPES[i], CPU_AVX512) != cpu_quant_gemm(ALL_TYPES[i], CPU_AVX2),
                   "%s has an AVX-512 kernel", tr->name);
+        /* the plain stream form has its own one-token float kernel at AVX-512, and only there */
+        const bool fl = ALL_TYPES[i] == QT_F32 || ALL_TYPES[i] == QT_F16 || ALL_TYPES[i] == QT_BF16;
+        for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++)
+            for (int f = 0; f < CPU_STREAM_COUNT; f++) {
+                const bool own = fl && lv == CPU_AVX512 && f == CPU_STREAM_PLAIN;
+                CHECK((cpu_quant_gemm_form(ALL_TYPES[i], (enum cpu_level)lv, (enum cpu_stream)f) !=
+                       cpu_quant_gemm(ALL_TYPES[i], (enum cpu_level)lv)) == own,
+                      "%s %s form %d: %s kernel", tr->name, cpu_level_name((enum cpu_level)lv), f, own ? "its own" : "the level's");
+            }
     }
     CHECK(cpu_quant_gemm(9 /* Q8_1 */, CPU_AVX512) == NULL && cpu_quant_gemm(39, CPU_AVX2) == NULL &&
               cpu_quant_gemm(1000, CPU_AVX2) == NULL,

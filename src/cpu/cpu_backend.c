@@ -853,7 +853,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
-        if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm(t, st->level);
+        if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
     snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s", cpu_level_name(st->level),

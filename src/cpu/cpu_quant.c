@@ -122,6 +122,14 @@ quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level) {
     return f ? f : t->gemm;
 }
 
+quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form) {
+    quant_gemm_fn f = NULL;
+    if (form == CPU_STREAM_PLAIN && clamp_level(level) >= CPU_AVX512 && quant_traits_of(type) &&
+        quant_traits_of(type)->supported)
+        f = quant_gemm_avx512_one1(type);
+    return f ? f : cpu_quant_gemm(type, level);
+}
+
 void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,
                        enum cpu_level level) {
     level = clamp_level(level);

@@ -52,6 +52,10 @@ const char *cpu_level_name(enum cpu_level level);
  * quant_traits_of(type)->gemm) where a level lacks one. A level above cpu_level_hw() is
  * lowered to it. NULL for a type without a gemm. */
 quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level);
+/* The same for the one-token stream form `form` (enum cpu_stream; which rows a call takes at
+ * once, never their bits): at AVX-512 in CPU_STREAM_PLAIN the float types' one-token calls take
+ * one row at a time (one stream a thread, as the repacked kernels), four in the other forms. */
+quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form);
 
 /* Activation quantization row, SIMD where available, bitwise equal to quant_act_row. */
 void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,
@@ -60,6 +64,7 @@ void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,
 /* ---- per-level tables (quant_avx2.c, quant_avx512.c); call only at a supported level */
 quant_gemm_fn quant_gemm_avx2(uint32_t type);   /* NULL where the level has no kernel */
 quant_gemm_fn quant_gemm_avx512(uint32_t type); /* NULL where the level has no kernel */
+quant_gemm_fn quant_gemm_avx512_one1(uint32_t type); /* float types, one row a one-token call; else NULL */
 void quant_act_row_avx2(enum quant_act act, const float *x, void *dst, int64_t k);
 void quant_act_row_avx512(enum quant_act act, const float *x, void *dst, int64_t k);
 

@@ -431,12 +431,18 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
 #define FL_TCH 8 /* tokens whose rows are computed while a weight row is in L1 */
 
 /* Chunks of up to FL_TCH tokens, all in one pass over the rows: one token four rows at a time
- * (enough independent chains), two to six tokens two rows at a time (each activation vector
- * loaded once for both: at six tokens the activations, 48 KiB at k 2048, do not stay in L1). */
-AI void gemm_fl(const int type, GEMM_ARGS) {
+ * (enough independent chains) or, with one1 (the plain stream form), one row at a time; two to
+ * six tokens two rows at a time (each activation vector loaded once for both: at six tokens the
+ * activations, 48 KiB at k 2048, do not stay in L1). Four rows are four streams 8 KiB apart
+ * (k 2048): on the Zen 4 host, where the probe read 4 interleaved streams a thread at ~0.6 of one,
+ * the router stage read 24-26 GB/s against 29-42 for the other gemm stages, and 31-32 (as theirs)
+ * one row at a time; its two chains still keep ~32 bytes a cycle in flight, several times a
+ * core's share of memory (bench/cpu-speed.md, twenty-ninth session). The rows' order of work never
+ * changes a bit. */
+AI void gemm_fl(const int type, const bool one1, GEMM_ARGS) {
     for (int tc = 0; tc < n_tok; tc += FL_TCH) {
         const int nc = n_tok - tc < FL_TCH ? n_tok - tc : FL_TCH;
-        const int nr = nc == 1 ? 4 : nc <= 6 ? 2 : 1;
+        const int nr = nc == 1 ? (one1 ? 1 : 4) : nc <= 6 ? 2 : 1;
         const float *x[FL_TCH];
         float *o[FL_TCH];
         for (int t = 0; t < nc; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
@@ -470,9 +476,14 @@ DEF_GEMM(gemm_q8_0_avx512, gemm_legacy, QT_Q8_0)
 DEF_GEMM(gemm_q4_K_avx512, gemm_kq, QT_Q4_K)
 DEF_GEMM(gemm_q5_K_avx512, gemm_kq, QT_Q5_K)
 DEF_GEMM(gemm_q6_K_avx512, gemm_kq, QT_Q6_K)
-DEF_GEMM(gemm_f32_avx512, gemm_fl, QT_F32)
-DEF_GEMM(gemm_f16_avx512, gemm_fl, QT_F16)
-DEF_GEMM(gemm_bf16_avx512, gemm_fl, QT_BF16)
+#define DEF_GEMM_FL(name, type, one1) \
+    static void name(GEMM_ARGS) { gemm_fl(type, one1, GEMM_PASS); }
+DEF_GEMM_FL(gemm_f32_avx512, QT_F32, false)
+DEF_GEMM_FL(gemm_f16_avx512, QT_F16, false)
+DEF_GEMM_FL(gemm_bf16_avx512, QT_BF16, false)
+DEF_GEMM_FL(gemm_f32_one1_avx512, QT_F32, true)
+DEF_GEMM_FL(gemm_f16_one1_avx512, QT_F16, true)
+DEF_GEMM_FL(gemm_bf16_one1_avx512, QT_BF16, true)
 
 quant_gemm_fn quant_gemm_avx512(uint32_t type) {
     switch (type) {
@@ -487,6 +498,15 @@ quant_gemm_fn quant_gemm_avx512(uint32_t type) {
     case QT_Q4_K: return gemm_q4_K_avx512;
     case QT_Q5_K: return gemm_q5_K_avx512;
     case QT_Q6_K: return gemm_q6_K_avx512;
+    default: return NULL;
+    }
+}
+
+quant_gemm_fn quant_gemm_avx512_one1(uint32_t type) {
+    switch (type) {
+    case QT_F32: return gemm_f32_one1_avx512;
+    case QT_F16: return gemm_f16_one1_avx512;
+    case QT_BF16: return gemm_bf16_one1_avx512;
     default: return NULL;
     }
 }
