@@ -90,7 +90,7 @@ enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
     const enum cpu_level hw = cpu_level_hw();
     if (level >= CPU_AVX512 && hw >= CPU_AVX512) return want < 0 ? cpu_stream_detect() : (enum cpu_stream)want;
     if (level < CPU_AVX2 || hw < CPU_AVX2) return CPU_STREAM_NEAR_FAR;
-    if (want < 0) want = stream_env() >= 0 || hw >= CPU_AVX512 ? (int)cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
+    if (want < 0) want = stream_env() >= 0 ? (int)cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
     return want == CPU_STREAM_PLAIN ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
 }
 

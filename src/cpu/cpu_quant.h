@@ -30,11 +30,10 @@ enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_PLA
 enum cpu_stream cpu_stream_detect(void);
 /* The form the kernels of `level` run: `want` (enum cpu_stream) or, if negative, this host's.
  * At AVX-512 (level and hardware) any form. At AVX2, whose one-token kernels have two forms
- * (their own requests, or none), CPU_STREAM_PLAIN where `want`, DITTO_CPU_STREAM or, on a host
- * with AVX-512 (the AVX2 level asked for), cpu_stream_detect() says plain (on the Zen 4 host the
- * AVX2 kernels read 1.21x in plain, bench/cpu-speed.md, twenty-eighth session), else
- * CPU_STREAM_NEAR_FAR: a host without AVX-512 (Zen 3) has not been measured in plain. Below
- * AVX2, CPU_STREAM_NEAR_FAR. */
+ * (their own requests into L2, or none), CPU_STREAM_PLAIN where `want` or DITTO_CPU_STREAM says
+ * so, else CPU_STREAM_NEAR_FAR on every host: on the Zen 4 host, whose AVX-512 form is plain,
+ * the AVX2 kernels' solo steps read 1.25x plain's with their requests into L2 (bench/cpu-speed.md,
+ * twenty-ninth session). Below AVX2, CPU_STREAM_NEAR_FAR. */
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want);
 const char *cpu_stream_name(enum cpu_stream form);
 

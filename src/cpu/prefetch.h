@@ -2,7 +2,7 @@
  * which cache level.
  *
  * Two requests per line: into L1 (T0) CPU_PF_DIST = 1 KiB ahead, and into L2 (T1) CPU_PF_FAR =
- * 8 KiB ahead, in every AVX-512 kernel that streams weights (the AVX2 ones keep T0 4 KiB: see
+ * 8 KiB ahead, in every AVX-512 kernel that streams weights (the AVX2 ones one request into L2: see
  * repack_avx2.c). On the Intel host of the thirteenth and fourteenth sessions (Emerald Rapids,
  * 2 vCPUs, 21-31 GB/s on both) a T0 request holds one of the core's L1 miss buffers until its
  * line arrives from memory, and with T0 alone 4 KiB ahead those buffers were full most of the
@@ -165,11 +165,11 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
 #define CPU_PF_AGAIN1 16384
 #define CPU_PF_AGAIN2 8192
 static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,
-                                                                     const uint8_t *end) {
+                                                                     const uint8_t *end, int hint) {
     static const size_t dist[2] = {CPU_PF_AGAIN1, CPU_PF_AGAIN2};
     for (int i = 0; i < 2; i++)
         if (p + dist[i] + bytes <= end)
-            for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + dist[i] + o, CPU_PF_HINT);
+            for (size_t o = 0; o < bytes; o += 64) cpu_pf(p + dist[i] + o, hint);
 }
 
 #endif

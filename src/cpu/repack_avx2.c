@@ -20,7 +20,8 @@
  * One token (Q4_K, and Q6_K in the plain build) has its own path, q4k_group1 / q6k_group1: a whole
  * 16-row group per call, both halves at once; in the plain build Q4_K chunks of 2-6 tokens run
  * both halves at once too (q4k_tokens16), so each activation broadcast serves 16 rows. The
- * one-token calls request their weights ahead (one_requests) unless the stream form is plain.
+ * one-token calls request their weights ahead (one_requests) unless the stream form is plain;
+ * the multi-token ones always do (mt_requests).
  * Sums that GCC may reassociate are pinned in order (pin): reassociated, it kept a
  * sub-block's eight products live and spilled them (bench/cpu-speed.md, twenty-third session). */
 #include <immintrin.h>
@@ -29,11 +30,25 @@
 #include "cpu/prefetch.h"
 #include "cpu/repack.h"
 
-/* The AVX2 kernels keep the one L1 request 4 KiB ahead (and the one-token re-requests of
- * cpu_prefetch_again), not the two-request form of cpu/prefetch.h: with that form they read
- * 0.77-0.94x at one token and 0.93-1.24x at six (bench/bench_repack.c, level avx2, Intel host,
- * fourteenth session). */
-#define RP2_PF_DIST 4096
+/* The AVX2 kernels' weight requests: one per line, into L2 (RP2_HINT), RP2_PF_DIST ahead at one
+ * token (with the re-requests of cpu_prefetch_again) and RP2_MT_DIST ahead at more; not the
+ * two-request form of cpu/prefetch.h, which read 0.77-0.94x at one token and 0.93-1.24x at six
+ * (Intel host, fourteenth session). Until the twenty-ninth session the requests went into L1
+ * (T0); on the Zen 4 host at the AVX2 level, from memory on two threads, into L2 read 1.8x at one
+ * token, 2.2x at two and 1.7-1.8x at six, 1.5-1.7x on expert- and q-shaped matrices, and the
+ * whole solo step 1.25x the plain form's (which had read 1.21x the L1 requests'): an L1 request
+ * holds one of the core's few L1 miss buffers for a full memory latency. At one token 8 KiB read
+ * 0.76-1.24x 4 KiB; at two to six tokens 8 KiB 1.00-1.13x 4 KiB (bench/cpu-speed.md). Overridable
+ * at build time for bench/ab_kernel.sh. */
+#ifndef RP2_PF_DIST
+#define RP2_PF_DIST 4096 /* one token: bytes ahead */
+#endif
+#ifndef RP2_MT_DIST
+#define RP2_MT_DIST 8192 /* more tokens: bytes ahead */
+#endif
+#ifndef RP2_HINT
+#define RP2_HINT _MM_HINT_T1
+#endif
 #ifdef RP_AVXVNNI
 #define RP_NAME(f) f##vnni
 #else
@@ -261,11 +276,18 @@ AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
 }
 
 /* The weight requests of a one-token kernel for the `bytes` at p (one block): RP2_PF_DIST ahead
- * into L1, continuing into nx past `end`, and again CPU_PF_AGAIN1 / CPU_PF_AGAIN2 ahead. The
- * plain stream form (CPU_STREAM_PLAIN) makes none: the hardware prefetchers alone. */
+ * into L2, continuing into nx past `end`, and again CPU_PF_AGAIN1 / CPU_PF_AGAIN2 ahead (without
+ * these, into L2, Q4_K read 1.13-1.22x and Q6_K 0.86-0.88x on the Zen 4 host: kept). The plain
+ * stream form (CPU_STREAM_PLAIN) makes none: the hardware prefetchers alone. */
 AI void one_requests(const uint8_t *p, size_t bytes, const uint8_t *end, const cpu_next *nx) {
-    cpu_prefetch_tier(p, bytes, end, nx, RP2_PF_DIST, CPU_PF_HINT);
-    cpu_prefetch_again(p, bytes, end);
+    cpu_prefetch_tier(p, bytes, end, nx, RP2_PF_DIST, RP2_HINT);
+    cpu_prefetch_again(p, bytes, end, RP2_HINT);
+}
+
+/* The weight requests of a multi-token call for the `bytes` at p (one block, or a Q6_K group's
+ * header): RP2_MT_DIST ahead into L2, continuing into nx past `end`. */
+AI void mt_requests(const uint8_t *p, size_t bytes, const uint8_t *end, const cpu_next *nx) {
+    cpu_prefetch_tier(p, bytes, end, nx, RP2_MT_DIST, RP2_HINT);
 }
 
 /* One token against one 16-row Q4_K group (every block, both halves' accumulators in
@@ -406,7 +428,7 @@ AI void q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m256 a
 static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *end, const cpu_next *nx, const bool rq) {
     const size_t hdr = rp_q6k_header(nb);
-    if (rq) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+    if (rq) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, RP2_HINT);
     __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + hdr + (size_t)b * RP_Q6K_BLOCK;
@@ -570,11 +592,11 @@ static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next 
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
             memset(acc, 0, sizeof(float) * 16 * (size_t)nt);
-            if (is6 && rq) cpu_prefetch_tier(G, hdr, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+            if (is6 && rq) mt_requests(G, hdr, end, nx);
             for (int b = 0; b < nb; b++) {
                 const uint8_t *B = G + hdr + (size_t)b * bb;
                 if (rq && nt == 1) one_requests(B, bb, end, nx);
-                else if (rq) cpu_prefetch_tier(B, bb, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+                else if (rq) mt_requests(B, bb, end, nx);
 #if RP_TOK16
                 if (type == QT_Q4_K && nt > 1) {
                     for (int c = 0, tc = 0, n; tc < nt; tc += n, c++) {
@@ -718,7 +740,7 @@ AI void q32_group(const int type, const int T, const uint8_t *G, int nb, const b
     for (int b = 0; b < nb; b += 2) {
         const uint8_t *U = G + (size_t)(b / 2) * ub;
         if (pf && T == 1) one_requests(U, ub, end, nx);
-        else if (pf) cpu_prefetch_tier(U, ub, end, nx, RP2_PF_DIST, CPU_PF_HINT);
+        else if (pf) mt_requests(U, ub, end, nx);
         const block_q8a *yb[TCH];
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) yb[t] = y[t] + b;
         q32_unit(type, T, U, b + 1 < nb, yb, a);
