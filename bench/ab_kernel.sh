@@ -13,7 +13,8 @@
 #   bench/ab_kernel.sh --attn REV_A REV_B [HEADS_PER_KV=8] [HEAD_DIM=128] [N=2000]
 #   bench/ab_kernel.sh --attn-cold REV_A REV_B CTX [ROUNDS=30]      # e.g. CTX 2048
 #
-# AB_LEVEL=avx2 A/Bs src/cpu/repack_avx2.c instead (AB_VNNI=1: its AVX-VNNI build), for hosts without AVX-512.
+# AB_LEVEL=avx2 A/Bs src/cpu/repack_avx2.c instead (AB_VNNI=1: its AVX-VNNI build), for hosts without AVX-512;
+# with --attn / --attn-cold, src/cpu/attn_avx2.c.
 # AB_ROUNDS=N sets the kernel A/B's rounds (it prints the best-of ratio and the median of the per-round ones).
 # AB_FORM_A / AB_FORM_B = near-far | two-l1 | plain pick each side's one-token stream form (cpu/prefetch.h; at
 # AVX2 plain or the requests), e.g.
@@ -44,17 +45,22 @@ MK
 )
 SRC=src/cpu/repack_avx512.c
 AVX2=0
-if [ "${AB_LEVEL:-}" = avx2 ] && [ $ATTN = 0 ]; then
-    AVX2=1
-    SRC=src/cpu/repack_avx2.c
+ATTN_LEVEL=avx512
+if [ "${AB_LEVEL:-}" = avx2 ]; then
     FLAGS=$(make -s -f - print-avx2-flags <<'MK'
 include Makefile
 print-avx2-flags: ; @echo $(CFLAGS) $(AVX2_FLAGS)
 MK
 )
-    [ "${AB_VNNI:-0}" = 1 ] && FLAGS="$FLAGS -mavxvnni -DRP_AVXVNNI"
+    if [ $ATTN = 0 ]; then
+        AVX2=1
+        SRC=src/cpu/repack_avx2.c
+        [ "${AB_VNNI:-0}" = 1 ] && FLAGS="$FLAGS -mavxvnni -DRP_AVXVNNI"
+    else
+        ATTN_LEVEL=avx2
+    fi
 fi
-[ $ATTN != 0 ] && SRC=src/cpu/attn_avx512.c
+[ $ATTN != 0 ] && SRC=src/cpu/attn_$ATTN_LEVEL.c
 for side in A B; do
     rev=$A
     [ $side = B ] && rev=$B
@@ -76,7 +82,8 @@ for side in A B; do
     fi
     extra=${CFLAGS_A:-}
     [ $side = B ] && extra=${CFLAGS_B:-}
-    if [ $ATTN != 0 ]; then rename="-iquote src/cpu -Dattn_group_avx512=attn_group_avx512_$side"
+    # the harnesses call attn_group_avx512_A / _B: at AB_LEVEL=avx2 those are the AVX2 attention's
+    if [ $ATTN != 0 ]; then rename="-iquote src/cpu -Dattn_group_$ATTN_LEVEL=attn_group_avx512_$side"
     elif [ $AVX2 = 1 ]; then
         rename="-Drepack_gemm_avx2=repack_gemm_avx2_$side -Drepack_gemm_next_avx2=repack_gemm_next_avx2_$side"
         rename="$rename -Drepack_gemm_avx2vnni=repack_gemm_avx2vnni_$side -Drepack_gemm_next_avx2vnni=repack_gemm_next_avx2vnni_$side"

@@ -25,6 +25,9 @@
 #define PF_K_NEAR 2           /* ... and into L1 */
 #define PF_V_NEAR ATTN_CHUNK  /* positions of V requested into L1 ahead of the PV pass */
 #define PF_V_FAR (2 * ATTN_CHUNK) /* ... and into L2 */
+#ifndef ATT2_NEAR_HINT
+#define ATT2_NEAR_HINT _MM_HINT_T0 /* the near requests' level (bench/ab_kernel.sh --attn-cold A/Bs it) */
+#endif
 
 static inline __m256 ld8h(const fp16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 
@@ -69,7 +72,7 @@ static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t
     const int ngr = (n + KV_POS_GROUP - 1) / KV_POS_GROUP, lines = hd / 2;
     for (int g = 0; g < ngr; g++) {
         if (g + PF_K_NEAR < ngr)
-            for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(K + (size_t)(g + PF_K_NEAR) * gs) + 64 * l, _MM_HINT_T0);
+            for (int l = 0; l < lines; l++) _mm_prefetch((const char *)(K + (size_t)(g + PF_K_NEAR) * gs) + 64 * l, ATT2_NEAR_HINT);
         const int gf = g + PF_K_FAR;
         if (gf < 2 * ngr) {
             const char *kf = (const char *)(gf < ngr ? K + (size_t)gf * gs : V + (size_t)(gf - ngr) * gs);
@@ -111,7 +114,7 @@ AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j
     const bool line = v0 % 4 == 0;
     for (int j = j0; j < j1; j++) {
         const fp16_t *vj = V + (size_t)j * hd + 8 * v0;
-        if (line && j + PF_V_NEAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_NEAR * hd), _MM_HINT_T0);
+        if (line && j + PF_V_NEAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_NEAR * hd), ATT2_NEAR_HINT);
         if (line && j + PF_V_FAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_FAR * hd), _MM_HINT_T1);
         const __m256 vv = ld8h(vj);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
