@@ -227,7 +227,7 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
             for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
             if (h % 3 == 0) repack_gemm_avx2(type, fm)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride);
             else repack_gemm_next_avx2(type, fm)(wp, gb, r0, r1, k, a, ab, n_tok, got, stride, h % 3 == 2 ? &nx : NULL);
-            CHECK(!memcmp(ref, got, on * 4), "%s avx2 (plain build, %s, %s) R=%d rows [%d,%d) n_tok=%d k=%d: not bitwise equal",
+            CHECK(!memcmp(ref, got, on * 4), "%s avx2 (non-VNNI build, %s, %s) R=%d rows [%d,%d) n_tok=%d k=%d: not bitwise equal",
                   tr->name, cpu_stream_name(fm), h % 3 ? "next" : "gemm", R, r0, r1, n_tok, k);
         }
     }

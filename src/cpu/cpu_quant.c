@@ -90,7 +90,7 @@ enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
     const enum cpu_level hw = cpu_level_hw();
     if (level >= CPU_AVX512 && hw >= CPU_AVX512) return want < 0 ? cpu_stream_detect() : (enum cpu_stream)want;
     if (level < CPU_AVX2 || hw < CPU_AVX2) return CPU_STREAM_NEAR_FAR;
-    if (want < 0) want = stream_env() >= 0 ? (int)cpu_stream_detect() : CPU_STREAM_NEAR_FAR;
+    if (want < 0) want = stream_env();
     return want == CPU_STREAM_PLAIN ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
 }
 
@@ -123,11 +123,9 @@ quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level) {
 }
 
 quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form) {
-    quant_gemm_fn f = NULL;
-    if (form == CPU_STREAM_PLAIN && clamp_level(level) >= CPU_AVX512 && quant_traits_of(type) &&
-        quant_traits_of(type)->supported)
-        f = quant_gemm_avx512_one1(type);
-    return f ? f : cpu_quant_gemm(type, level);
+    const quant_gemm_fn f = cpu_quant_gemm(type, level);
+    const quant_gemm_fn g = f && form == CPU_STREAM_PLAIN && clamp_level(level) >= CPU_AVX512 ? quant_gemm_avx512_one1(type) : NULL;
+    return g ? g : f;
 }
 
 void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,

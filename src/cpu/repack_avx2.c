@@ -17,8 +17,8 @@
  * With AVX-VNNI (the build in repack_avx2vnni.c, RP_AVXVNNI) each sub-block's products are
  * summed in int32 lanes by vpdpbusd and scaled by vpmulld instead (sb_dot / sb_mul_add below).
  * int32 bounds as in repack_avx512.c. Blocks ascend: every lane runs the reference's chain.
- * One token (Q4_K, and Q6_K in the plain build) has its own path, q4k_group1 / q6k_group1: a whole
- * 16-row group per call, both halves at once; in the plain build Q4_K chunks of 2-6 tokens run
+ * One token (Q4_K, and Q6_K in the non-VNNI build) has its own path, q4k_group1 / q6k_group1: a whole
+ * 16-row group per call, both halves at once; in the non-VNNI build Q4_K chunks of 2-6 tokens run
  * both halves at once too (q4k_tokens16), so each activation broadcast serves 16 rows. The
  * one-token calls request their weights ahead (one_requests) unless the stream form is plain;
  * the multi-token ones always do (mt_requests).
@@ -184,7 +184,7 @@ AI __m256i q5k_bit(__m256i H, const int j) {
 }
 /* B: the block + 32h (weight and scale vectors of the half), D: the block's d + 16h; q5: a Q5_K
  * block, whose quants get their 5th bit (bit j of the H vector's byte for sub-block j) at bit 4:
- * u = q in 0..31, so in the plain build an int16 lane holds only 8 products (<= 8*31*127 = 31496
+ * u = q in 0..31, so in the non-VNNI build an int16 lane holds only 8 products (<= 8*31*127 = 31496
  * < 2^15) and each sub-block is summed in two halves of 4 vectors, each scaled on its own. */
 AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y,
                     float *acc) {
@@ -565,7 +565,7 @@ static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next 
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     float acc[TSUP * 16] __attribute__((aligned(64)));
     const uint8_t *end = (const uint8_t *)w + (size_t)g1 * group_bytes;
-    /* Q6_K in the plain build: up to six tokens in one chunk (a batch's dense gemms: 1.04-1.12x two
+    /* Q6_K in the non-VNNI build: up to six tokens in one chunk (a batch's dense gemms: 1.04-1.12x two
      * chunks of three in cache), more in chunks of four (six-token chunks spill: 0.77x at 32 tokens);
      * the AVX-VNNI build (not measured at six) always in chunks of four */
 #ifdef RP_AVXVNNI
