@@ -396,20 +396,33 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
 AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, size_t row_bytes, const float *const *x,
                 int k, float *const *o, const bool pf) {
     __m512 A0[4][8], A1[4][8];
+    const float *xr[8]; /* in registers: read through x in the loop, they were reloaded from the stack */
+    UNROLL for (int t = 0; t < NT; t++) xr[t] = x[t];
     UNROLL for (int i = 0; i < NR; i++) UNROLL for (int t = 0; t < NT; t++) A0[i][t] = A1[i][t] = _mm512_setzero_ps();
     int e = 0;
     const int esz = type == QT_F32 ? 4 : 2;
     for (; e + 32 <= k; e += 32) {
+        __m512 w0[4], w1[4];
         UNROLL for (int i = 0; i < NR; i++) {
             const uint8_t *r = wr + (size_t)i * row_bytes;
             if (pf) {
                 cpu_prefetch_line((const char *)r + (size_t)e * esz);
                 if (esz == 4) cpu_prefetch_line((const char *)r + (size_t)e * esz + 64);
             }
-            const __m512 w0 = fl_load(type, r, e), w1 = fl_load(type, r, e + 16);
-            UNROLL for (int t = 0; t < NT; t++) {
-                A0[i][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[t] + e), A0[i][t]);
-                A1[i][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[t] + e + 16), A1[i][t]);
+            w0[i] = fl_load(type, r, e), w1[i] = fl_load(type, r, e + 16);
+            if (NT == 1) { /* one token: each row's chains right after its loads, as before the token loop */
+                A0[i][0] = _mm512_fmadd_ps(w0[i], _mm512_loadu_ps(xr[0] + e), A0[i][0]);
+                A1[i][0] = _mm512_fmadd_ps(w1[i], _mm512_loadu_ps(xr[0] + e + 16), A1[i][0]);
+            }
+        }
+        if (NT == 1) continue;
+        /* token by token: each activation vector loaded once for the NR rows, and no more of them
+         * live at once (2 x NR x NT accumulators + 2 x NR weights + 2) */
+        UNROLL for (int t = 0; t < NT; t++) {
+            const __m512 x0 = _mm512_loadu_ps(xr[t] + e), x1 = _mm512_loadu_ps(xr[t] + e + 16);
+            UNROLL for (int i = 0; i < NR; i++) {
+                A0[i][t] = _mm512_fmadd_ps(w0[i], x0, A0[i][t]);
+                A1[i][t] = _mm512_fmadd_ps(w1[i], x1, A1[i][t]);
             }
         }
     }
@@ -420,48 +433,75 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
             const uint8_t *r = wr + (size_t)i * row_bytes;
             const __m512 w0 = fl_load_mask(type, r, e, m0), w1 = fl_load_mask(type, r, e + 16, m1);
             UNROLL for (int t = 0; t < NT; t++) {
-                A0[i][t] = _mm512_mask3_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, x[t] + e), A0[i][t], m0);
-                A1[i][t] = _mm512_mask3_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, x[t] + e + 16), A1[i][t], m1);
+                A0[i][t] = _mm512_mask3_fmadd_ps(w0, _mm512_maskz_loadu_ps(m0, xr[t] + e), A0[i][t], m0);
+                A1[i][t] = _mm512_mask3_fmadd_ps(w1, _mm512_maskz_loadu_ps(m1, xr[t] + e + 16), A1[i][t], m1);
             }
         }
     }
     UNROLL for (int i = 0; i < NR; i++) UNROLL for (int t = 0; t < NT; t++) o[t][i] = butterfly32_zmm(A0[i][t], A1[i][t]);
 }
 
-#define FL_TCH 8 /* tokens whose rows are computed while a weight row is in L1 */
+#define FL_TCH 6  /* tokens per chunk: two rows x six tokens are 24 of the 32 vector registers */
+#define FL_TSUP 24 /* tokens per pass over the rows (their activations, 192 KiB at k 2048, stay in L2) */
+#define FL_ONE_ROW_TOK 3 /* with one1, up to this many tokens (24 KiB of activations at k 2048, in L1) one row at a time */
 
-/* Chunks of up to FL_TCH tokens, all in one pass over the rows: one token four rows at a time
- * (enough independent chains) or, with one1 (the plain stream form), one row at a time; two to
- * six tokens two rows at a time (each activation vector loaded once for both: at six tokens the
- * activations, 48 KiB at k 2048, do not stay in L1). Four rows are four streams 8 KiB apart
- * (k 2048): on the Zen 4 host, where the probe read 4 interleaved streams a thread at ~0.6 of one,
- * the router stage read 24-26 GB/s against 29-42 for the other gemm stages, and 31-32 (as theirs)
- * one row at a time; its two chains still keep ~32 bytes a cycle in flight, several times a
- * core's share of memory (bench/cpu-speed.md, twenty-ninth session). The rows' order of work never
- * changes a bit. */
+/* One token: four rows at a time (enough independent chains) or, with one1 (the plain stream
+ * form), one row at a time. Four rows are four streams 8 KiB apart (k 2048): on the Zen 4 host,
+ * where the probe read 4 interleaved streams a thread at ~0.6 of one, the router stage read
+ * 24-26 GB/s against 29-42 for the other gemm stages, and 31-32 (as theirs) one row at a time;
+ * its two chains still keep ~32 bytes a cycle in flight, several times a core's share of memory
+ * (bench/cpu-speed.md, twenty-ninth session).
+ * More tokens: passes of up to FL_TSUP tokens over the rows, each pass cut into even chunks of at
+ * most FL_TCH; two rows at a time, and each pair runs every chunk of the pass while its rows are
+ * in L1/L2, so a pass reads the weights from memory once (chunks of eight tokens, each a pass of
+ * its own, read them twice at 16 streams) and each activation vector loaded serves two rows. With
+ * one1, two or three tokens go one row at a time: their activations stay in L1, so the row is the
+ * thread's one stream. In one process (48 router-shaped 128 x 2048 matrices from memory, two
+ * threads, Zen 4): 2 tokens 0.66x the time of the old code, 3 0.85x, 8 0.87-0.89x, 16 0.71-0.74x,
+ * 128 0.60-0.63x; 1, 4 and 6 the same (bench/cpu-speed.md, thirtieth session).
+ * The rows' and tokens' order of work never changes a bit: every (row, token) is its own chains. */
 AI void gemm_fl(const int type, const bool one1, GEMM_ARGS) {
-    for (int tc = 0; tc < n_tok; tc += FL_TCH) {
-        const int nc = n_tok - tc < FL_TCH ? n_tok - tc : FL_TCH;
-        const int nr = nc == 1 ? (one1 ? 1 : 4) : nc <= 6 ? 2 : 1;
-        const float *x[FL_TCH];
-        float *o[FL_TCH];
-        for (int t = 0; t < nc; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
+    const float *x[FL_TSUP];
+    float *o[FL_TSUP];
+#define FL_CASE(NR, NT) \
+    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0); break
+    if (n_tok == 1) {
+        const float *const x1[1] = {(const float *)act};
+        const int nr = one1 ? 1 : 4;
         for (int r = r0; r < r1;) {
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-            for (int t = 0; t < nc; t++) o[t] = out + (size_t)(tc + t) * out_stride + r;
+            float *const o1[1] = {out + r};
+            if (r1 - r >= nr && nr == 4)
+                fl_rows(type, 4, 1, wr, row_bytes, x1, k, o1, true), r += 4;
+            else
+                fl_rows(type, 1, 1, wr, row_bytes, x1, k, o1, true), r++;
+        }
+        return;
+    }
+    for (int ts = 0; ts < n_tok; ts += FL_TSUP) {
+        const int nt = DT_MIN(FL_TSUP, n_tok - ts), nch = (nt + FL_TCH - 1) / FL_TCH;
+        const int nr = one1 && nt <= FL_ONE_ROW_TOK ? 1 : 2;
+        int tb[FL_TSUP / FL_TCH + 1]; /* chunk c is tokens [tb[c], tb[c+1]): an even cut, sizes differ by at most one */
+        for (int c = 0; c <= nch; c++) tb[c] = nt * c / nch;
+        for (int t = 0; t < nt; t++) x[t] = (const float *)((const uint8_t *)act + (size_t)(ts + t) * act_bytes);
+        for (int r = r0; r < r1;) {
+            const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
             const int n = r1 - r >= nr ? nr : 1;
-#define FL_CASE(NR, NT) \
-    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, x, k, o, true); break
-            switch (n * 16 + nc) {
-                FL_CASE(4, 1); FL_CASE(2, 2); FL_CASE(2, 3); FL_CASE(2, 4); FL_CASE(2, 5); FL_CASE(2, 6);
-                FL_CASE(1, 1); FL_CASE(1, 2); FL_CASE(1, 3); FL_CASE(1, 4); FL_CASE(1, 5); FL_CASE(1, 6);
-                FL_CASE(1, 7); FL_CASE(1, 8);
-            default: DT_ASSERT(0);
+            for (int t = 0; t < nt; t++) o[t] = out + (size_t)(ts + t) * out_stride + r;
+            for (int c = 0; c < nch; c++) {
+                const float *const *xc = x + tb[c];
+                float *const *oc = o + tb[c];
+                switch (n * 16 + tb[c + 1] - tb[c]) {
+                    FL_CASE(2, 1); FL_CASE(2, 2); FL_CASE(2, 3); FL_CASE(2, 4); FL_CASE(2, 5);
+                    FL_CASE(2, 6); FL_CASE(1, 1); FL_CASE(1, 2); FL_CASE(1, 3); FL_CASE(1, 4); FL_CASE(1, 5);
+                    FL_CASE(1, 6);
+                default: DT_ASSERT(0);
+                }
             }
-#undef FL_CASE
             r += n;
         }
     }
+#undef FL_CASE
 }
 
 /* ---- kernels and table ------------------------------------------------------------ */
