@@ -489,6 +489,27 @@ static void print_profile(const bench_row *rows, int n) {
     printf("\n");
 }
 
+/* Per-stage table of the timed prefill (engine made with profile): each stage's ms over the whole
+ * prompt, its share of the prefill's time, and weight GB/s where it reads weights. p0 / p1: the
+ * backend's counters before and after. */
+static void print_prefill_profile(const backend_stage *p0, const backend_stage *p1, int n, double seconds) {
+    if (n < 1) return;
+    printf("per-stage time of the prefill: ms, share, and for gemm stages weight GB/s\n\n| stage | ms | share | GB/s |\n"
+           "|---|---:|---:|---:|\n");
+    double sum = 0;
+    for (int s = 0; s < n; s++) {
+        const double t = p1[s].seconds - p0[s].seconds;
+        const uint64_t wb = p1[s].weight_bytes - p0[s].weight_bytes;
+        sum += t;
+        printf("| %s | %.1f | %.1f%% |", p1[s].name, 1e3 * t, 100.0 * t / seconds);
+        if (wb && t > 0)
+            printf(" %.1f |\n", (double)wb / t / 1e9);
+        else
+            printf(" |\n");
+    }
+    printf("| sum of stages | %.1f of %.1f | | |\n\n", 1e3 * sum, 1e3 * seconds);
+}
+
 /* Per-stage table of the paired batches (engine made with profile): each stage's ms per step on
  * the solo path and in each batch, their ratio, and weight GB/s where the stage reads weights —
  * where a batch's time goes, measured step beside step with the solo stream's. */
@@ -717,10 +738,13 @@ int bench_cmd(int argc, char **argv) {
     if (prefill(e, slot, DT_MIN(plen, 8), &rng, &last, &err) < 0) goto fail;
     kv_slot_release(e->kv, slot);
     slot = kv_slot_acquire(e->kv);
+    backend_stage pf0[BENCH_STAGES], pf1[BENCH_STAGES];
+    const int npf = profile ? DT_MIN(e->be->profile(e->be_state, pf0, BENCH_STAGES), BENCH_STAGES) : 0;
     double tp = prefill(e, slot, plen, &rng, &last, &err);
     if (tp < 0) goto fail;
     kv_slot_release(e->kv, slot);
     printf("prefill: %d tokens in %.3f s = %.1f tok/s (chunks of %d)\n\n", plen, tp, plen / tp, o.max_rows);
+    if (npf > 0) print_prefill_profile(pf0, pf1, e->be->profile(e->be_state, pf1, BENCH_STAGES) > 0 ? npf : 0, tp);
     /* "% of bw" is against the probe above; the machine's bandwidth drifts (a shared VM
      * swings by tens of percent over minutes), so each row is also compared with a probe
      * run right before and right after it (one pass of each pattern): "% of adj." uses the larger. */

@@ -479,13 +479,36 @@ static void qk_task(void *ctx, int ith, int nth) {
     }
 }
 
+/* Thread ith's items [*i0, *i1) of a batch's n rows x nkv KV heads, cut by work: an item of row r
+ * costs pos[r] + 1 positions plus ATTN_ITEM_FIXED, and goes to the thread whose share of the total
+ * holds its middle, so the shares are contiguous and every item has one thread. Cut by count, a
+ * prompt's rows (positions 0..n-1 of one slot) left the second of two threads ~3x the first's work:
+ * attention was 16% of a 512-token prefill (bench/cpu-speed.md, thirtieth session). */
+#define ATTN_ITEM_FIXED 16
+static void attn_split(const engine_batch *b, int nkv, int ith, int nth, int *i0, int *i1) {
+    long total = 0;
+    for (int r = 0; r < b->n; r++) total += (long)(b->pos[r] + 1 + ATTN_ITEM_FIXED) * nkv;
+    const long lo = total * ith / nth, hi = total * (ith + 1) / nth;
+    long acc = 0;
+    *i0 = *i1 = 0;
+    bool any = false;
+    for (int i = 0; i < b->n * nkv; i++) {
+        const long w = b->pos[i / nkv] + 1 + ATTN_ITEM_FIXED, mid = acc + w / 2;
+        if (mid >= lo && mid < hi) {
+            if (!any) *i0 = i, any = true;
+            *i1 = i + 1;
+        }
+        acc += w;
+    }
+}
+
 /* Items: (row, KV head) pairs, each with the query heads that share it. */
 static void attn_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
     const model_hparams *hp = &st->m->hp;
     int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv, i0, i1;
-    pool_split(c->b->n * hp->n_head_kv, 1, ith, nth, &i0, &i1);
+    attn_split(c->b, hp->n_head_kv, ith, nth, &i0, &i1);
     float *scratch = st->scores + (size_t)ith * st->scratch_stride;
     for (int i = i0; i < i1; i++) {
         int r = i / hp->n_head_kv, kvh = i % hp->n_head_kv;
