@@ -494,8 +494,8 @@ static void print_profile(const bench_row *rows, int n) {
  * backend's counters before and after. */
 static void print_prefill_profile(const backend_stage *p0, const backend_stage *p1, int n, double seconds) {
     if (n < 1) return;
-    printf("per-stage time of the prefill: ms, share, and for gemm stages weight GB/s\n\n| stage | ms | share | GB/s |\n"
-           "|---|---:|---:|---:|\n");
+    printf("per-stage time of the prefill: ms, share, and for gemm stages weight GB/s and the ms from the first thread"
+           " done with the stage's gemm work to the last\n\n| stage | ms | share | GB/s | ends ms |\n|---|---:|---:|---:|---:|\n");
     double sum = 0;
     for (int s = 0; s < n; s++) {
         const double t = p1[s].seconds - p0[s].seconds;
@@ -503,11 +503,11 @@ static void print_prefill_profile(const backend_stage *p0, const backend_stage *
         sum += t;
         printf("| %s | %.1f | %.1f%% |", p1[s].name, 1e3 * t, 100.0 * t / seconds);
         if (wb && t > 0)
-            printf(" %.1f |\n", (double)wb / t / 1e9);
+            printf(" %.1f | %.1f |\n", (double)wb / t / 1e9, 1e3 * (p1[s].ends - p0[s].ends));
         else
-            printf(" |\n");
+            printf(" | |\n");
     }
-    printf("| sum of stages | %.1f of %.1f | | |\n\n", 1e3 * sum, 1e3 * seconds);
+    printf("| sum of stages | %.1f of %.1f | | | |\n\n", 1e3 * sum, 1e3 * seconds);
 }
 
 /* Per-stage table of the paired batches (engine made with profile): each stage's ms per step on
