@@ -744,7 +744,7 @@ int bench_cmd(int argc, char **argv) {
     if (tp < 0) goto fail;
     kv_slot_release(e->kv, slot);
     printf("prefill: %d tokens in %.3f s = %.1f tok/s (chunks of %d)\n\n", plen, tp, plen / tp, o.max_rows);
-    if (npf > 0) print_prefill_profile(pf0, pf1, e->be->profile(e->be_state, pf1, BENCH_STAGES) > 0 ? npf : 0, tp);
+    if (npf > 0 && e->be->profile(e->be_state, pf1, BENCH_STAGES) > 0) print_prefill_profile(pf0, pf1, npf, tp);
     /* "% of bw" is against the probe above; the machine's bandwidth drifts (a shared VM
      * swings by tens of percent over minutes), so each row is also compared with a probe
      * run right before and right after it (one pass of each pattern): "% of adj." uses the larger. */
