@@ -467,11 +467,10 @@ AI void gemm_fl(const int type, const bool one1, GEMM_ARGS) {
     case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0); break
     if (n_tok == 1) {
         const float *const x1[1] = {(const float *)act};
-        const int nr = one1 ? 1 : 4;
         for (int r = r0; r < r1;) {
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
             float *const o1[1] = {out + r};
-            if (r1 - r >= nr && nr == 4)
+            if (!one1 && r1 - r >= 4)
                 fl_rows(type, 4, 1, wr, row_bytes, x1, k, o1, true), r += 4;
             else
                 fl_rows(type, 1, 1, wr, row_bytes, x1, k, o1, true), r++;
