@@ -102,6 +102,20 @@ double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERN
     return best;
 }
 
+double bench_probe_stream(bench_probe *p, double bytes) {
+    if (!p || bytes <= 0) return 0;
+    quiesce();
+    const size_t want = (size_t)bytes, quantum = (size_t)128 * 64; /* bw_task reads whole 128-byte steps a thread */
+    size_t done = 0;
+    const double t0 = time_now();
+    while (done + quantum <= want) {
+        bw_ctx c = {p->buf, DT_MIN(p->bytes, (want - done) / quantum * quantum), 1, 0, p->form, {0}};
+        pool_run(p->pool, bw_task, &c);
+        done += c.bytes;
+    }
+    return (double)done / (time_now() - t0) / 1e9;
+}
+
 void bench_probe_free(bench_probe *p) {
     if (!p) return;
     pool_free(p->pool);
@@ -242,6 +256,8 @@ typedef struct paired_out {
     double split, probe_lo, probe_hi; /* the probes' range and its midpoint, GB/s */
     double phase[2][2];               /* [path][below / at or above split]: median ratio in %, or -1 */
     int phase_n[2][2];                /* steps in each */
+    double ctl[2][3];  /* [path]: quartiles and median of the step's read rate over the load-only pass's, in % */
+    double ctl_best[3]; /* the load-only pass's rate over the best pattern's: quartiles and median, in % */
     bool same;
 } paired_out;
 
@@ -252,6 +268,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
     int held = 0; /* slots acquired */
     uint8_t want = 1;
     double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], y[100], pv[2][100], ms[2] = {0, 0};
+    double cr[2][100], cb[100], step_bytes = 0; /* the steps' and the load-only pass's rates over it / the best pattern's */
     backend_stage tp0[2][BENCH_STAGES], tp1[2][BENCH_STAGES];
     int ntps = 0;
     const int V = eng[0]->m->hp.n_vocab;
@@ -281,13 +298,17 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
             tok[k] = sampler_argmax(e->logits, V);
             pos[k]++;
             gbs[k] = (double)(w1 - w0 + k1 - k0) / dt / 1e9;
+            if (k == 0) step_bytes = (double)(w1 - w0 + k1 - k0);
             t[k][i] = 1.0 / dt;
             ms[k] = 1e3 * dt;
         }
         if (n_eng == 2) po->same = po->same && !memcmp(eng[0]->logits, eng[1]->logits, sizeof(float) * (size_t)V);
         double pat[BENCH_PATTERNS];
+        const double ps = bench_probe_stream(probe, step_bytes); /* the first engine's step's bytes, plain loads */
         const double pb = bench_probe_run(probe, 1, pat);
+        cb[i] = 100.0 * ps / pb;
         for (int k = 0; k < n_eng; k++) {
+            cr[k][i] = 100.0 * gbs[k] / ps;
             pv[k][i] = pb;
             r[k][i] = 100.0 * gbs[k] / pb;
             for (int j = 0; j < BENCH_PATTERNS; j++) rp[k][j][i] = 100.0 * gbs[k] / pat[j];
@@ -325,7 +346,11 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
         po->q[k][1] = median(r[k], n); /* sorts */
         po->q[k][0] = r[k][n / 4], po->q[k][2] = r[k][(3 * n) / 4];
         po->tps[k] = median(t[k], n);
+        po->ctl[k][1] = median(cr[k], n); /* sorts */
+        po->ctl[k][0] = cr[k][n / 4], po->ctl[k][2] = cr[k][(3 * n) / 4];
     }
+    po->ctl_best[1] = median(cb, n); /* sorts */
+    po->ctl_best[0] = cb[n / 4], po->ctl_best[2] = cb[(3 * n) / 4];
     po->ratio_med = n_eng > 1 ? median(x, n) : 0.0;
     po->rate_q[0] = po->rate_q[1] = po->rate_q[2] = 0.0;
     if (n_eng > 1) {
@@ -803,6 +828,11 @@ int bench_cmd(int argc, char **argv) {
                 else printf("no steps");
             }
         printf("\n");
+        printf("\nagainst one load-only pass of a solo step's bytes right after each pair (the first pattern, one stream a"
+               " thread with no software prefetch, for the step's length where each pattern above reads 1 GiB): solo %.0f%%"
+               " (%.0f–%.0f%%), unify %.0f%% (%.0f–%.0f%%); the pass itself read %.0f%% (%.0f–%.0f%%) of the best pattern\n",
+               po.ctl[0][1], po.ctl[0][0], po.ctl[0][2], po.ctl[1][1], po.ctl[1][0], po.ctl[1][2], po.ctl_best[1],
+               po.ctl_best[0], po.ctl_best[2]);
         printf("\nunify / solo, median of the per-step paired ratios: %.3f; logits bitwise equal at every step: %s\n",
                po.ratio_med, po.same ? "yes" : "NO");
         bool head = false;

@@ -19,6 +19,11 @@ int bench_cmd(int argc, char **argv);
 typedef struct bench_probe bench_probe;
 bench_probe *bench_probe_create(int n_threads, size_t bytes);
 double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERNS]);
+/* GB/s of one load-only pass of `bytes` in all (the buffer read whole as often as they fill it,
+ * then the rest), as the probe's first pattern: one sequential stream per thread, no software
+ * prefetch. Sized as a decode step's reads, it is that step's length where each pattern of
+ * bench_probe_run lasts one buffer's read. 0 if p is NULL. */
+double bench_probe_stream(bench_probe *p, double bytes);
 void bench_probe_free(bench_probe *p);
 
 #endif
