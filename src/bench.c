@@ -661,7 +661,7 @@ int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    int ahead = -1, ahead_ab = -1;
+    int ahead = -1, ahead_ab = -1, chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -681,6 +681,8 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 1, 100, &repeat)) return 2;
         } else if (!strcmp(a, "--paired") && has) {
             if (cli_int("bench", a, argv[++i], 0, 100, &paired)) return 2;
+        } else if (!strcmp(a, "--prefill-chunk") && has) {
+            if (cli_int("bench", a, argv[++i], 1, 1 << 16, &chunk)) return 2;
         } else if (!strcmp(a, "--ahead") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead)) return 2;
         } else if (!strcmp(a, "--ahead-ab") && has) {
@@ -690,7 +692,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]\n");
             return 2;
         }
     }
@@ -709,7 +711,7 @@ int bench_cmd(int argc, char **argv) {
     o.n_threads = threads;
     o.max_streams = max_s + (paired && max_s > 1); /* paired batches add a solo stream */
     o.ctx = plen + DT_MAX(gen, paired) + 1;
-    o.max_rows = DT_MAX(max_s, DT_MIN(plen, 512));
+    o.max_rows = DT_MAX(max_s, DT_MIN(plen, chunk)); /* the prefill's rows per forward call */
     o.profile = profile;
     o.cpu_ahead = ahead;
     engine *e = NULL, *eu = NULL;

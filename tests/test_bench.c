@@ -72,6 +72,17 @@ int main(void) {
     while (q && (q = strstr(q + 1, "\n| ")) && (!strncmp(q, "\n| solo | ", 10) || !strncmp(q, "\n| unify | ", 11)))
         trace_rows++;
     CHECK(trace_rows == 6, "--trace: %d step rows, want 6", trace_rows);
+    /* the load-only pass of a step's bytes after each pair: both paths against it, and it
+     * against the best pattern, as positive percentages */
+    const char *lo = strstr(out, "against one load-only pass of a solo step's bytes right after each pair");
+    double cs = 0, cu = 0, cp = 0;
+    const char *cq = lo ? strstr(lo, "): solo ") : NULL, *cv = lo ? strstr(lo, ", unify ") : NULL,
+               *cw = lo ? strstr(lo, "the pass itself read ") : NULL;
+    if (cq) cs = atof(cq + strlen("): solo "));
+    if (cv) cu = atof(cv + strlen(", unify "));
+    if (cw) cp = atof(cw + strlen("the pass itself read "));
+    CHECK(cs > 0 && cu > 0 && cp > 0 && cs < 1e6 && cu < 1e6 && cp < 1e6,
+          "the load-only pass: solo %g%%, unify %g%%, the pass %g%% of the best pattern", cs, cu, cp);
     const char *p = strstr(out, "median of the per-step paired ratios: ");
     double ratio = p ? atof(p + strlen("median of the per-step paired ratios: ")) : 0.0;
     CHECK(ratio > 0.0 && ratio < 100.0, "a finite unify/solo ratio (%g)", ratio);
@@ -107,6 +118,13 @@ int main(void) {
     if (sum) sscanf(sum, "\n| sum of stages | %lf | %lf | %lf |", &so, &ba, &xs);
     CHECK(so > 0 && ba > 0 && xs > 0.99 * (ba / so) - 0.006 && xs < 1.01 * (ba / so) + 0.006,
           "paired per-stage sums: solo %g ms, batch %g ms, x %g (their ratio)", so, ba, xs);
+
+    /* --prefill-chunk: the prompt in forward calls of that many rows */
+    char *pc[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "20",
+                  "--gen-len", "1", "--threads", "2", "--prefill-chunk", "7"};
+    rc = run_bench(13, pc, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "\nprefill: 20 tokens in ") && strstr(out, " tok/s (chunks of 7)\n"),
+          "--prefill-chunk 7: exit %d, the prefill line names its chunks of 7", rc);
 
     /* --forms: solo steps in each stream form in turn, their logits bitwise equal at every step */
     char *fm[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
