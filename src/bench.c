@@ -25,7 +25,8 @@ typedef struct bw_ctx {
 /* Reads this thread's share of buf as `streams` interleaved sequential streams, 128 bytes
  * per stream per step, with 256-bit loads and no software prefetch (the hardware's alone), or
  * 1 KiB ahead into L1, or as the one-token kernels prefetch in this host's stream form
- * (cpu_prefetch_line_form: cpu/prefetch.h). */
+ * (cpu_prefetch_line_form: cpu/prefetch.h; near-far's requests, as the multi-token kernels make
+ * them, where that form is plain, which makes none). */
 __attribute__((target("avx2"))) static void bw_task(void *ctx, int ith, int nth) {
     bw_ctx *c = ctx;
     size_t per = c->bytes / (size_t)nth, base = per * (size_t)ith;
@@ -741,10 +742,14 @@ int bench_cmd(int argc, char **argv) {
     char cpu[256], pf_form[128];
     cpu_describe(cpu, sizeof cpu);
     const int form = cpu_stream_select(cpu_level_detect(), -1);
-    /* the AVX2 kernels request into L2 only (repack_avx2.c): the pattern is the AVX-512 form's */
-    snprintf(pf_form, sizeof pf_form, "%s%s: %d B ahead to %s and %d B to %s; 0 = none",
-             cpu_level_detect() < CPU_AVX512 ? "the AVX-512 kernels' " : "", cpu_stream_name(form),
-             CPU_FORM_DIST(form), CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_FORM_FAR(form),
+    /* the AVX2 kernels request into L2 only (repack_avx2.c): the pattern is the AVX-512 form's. The
+     * plain form makes no requests (the first pattern's loads): bw_task then runs the multi-token
+     * kernels' near-far requests, and the line names them */
+    const int pat_form = form == CPU_STREAM_TWO_L1 ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
+    snprintf(pf_form, sizeof pf_form, "%s%s%s: %d B ahead to %s and %d B to %s; 0 = none",
+             cpu_level_detect() < CPU_AVX512 ? "the AVX-512 kernels' " : "",
+             form == CPU_STREAM_PLAIN ? "plain makes none, so the multi-token kernels' " : "", cpu_stream_name(pat_form),
+             CPU_FORM_DIST(pat_form), CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_FORM_FAR(pat_form),
              CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\ncpu: %s\nbackend: "
            "%s\n%s\n",
