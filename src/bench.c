@@ -249,8 +249,9 @@ static double median(double *v, int n) {
  * tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's), which with one
  * probe per pair is the ratio of the two steps' read rates.
  * Both engines decode the same tokens; *same = whether every step's logits were bitwise equal
- * between them. With trace, each step is also printed as a table row: the probe's GB/s after
- * its pair, its ms, and (engines made with profile) each stage's ms in it. */
+ * between them. With trace, each step is also printed as a table row: the probe's best GB/s and
+ * the load-only pass's after its pair, its own read rate and ms, and (engines made with profile)
+ * each stage's ms in it. */
 typedef struct paired_out {
     double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
     double rate_q[3]; /* engine 1's tok/s / engine 0's per step: quartiles and median (rate_q[1]) */
@@ -317,13 +318,13 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
         if (n_eng == 2) x[i] = r[1][i] / r[0][i], y[i] = t[1][i] / t[0][i];
         for (int k = 0; trace && k < n_eng; k++) { /* one table row per step: the probe after the pair, each stage's ms */
             if (i == 0 && k == 0) {
-                printf("\n| trace: path | step | probe GB/s | step ms |");
+                printf("\n| trace: path | step | probe GB/s | pass GB/s | step GB/s | step ms |");
                 for (int s = 0; s < ntps; s++) printf(" %s |", tp1[k][s].name);
-                printf("\n|---|---:|---:|---:|");
+                printf("\n|---|---:|---:|---:|---:|---:|");
                 for (int s = 0; s < ntps; s++) printf("---:|");
                 printf("\n");
             }
-            printf("| %s | %d | %.1f | %.2f |", k ? "unify" : "solo", i, pb, ms[k]);
+            printf("| %s | %d | %.1f | %.1f | %.1f | %.2f |", k ? "unify" : "solo", i, pb, ps, gbs[k], ms[k]);
             for (int s = 0; s < ntps; s++) printf(" %.3f |", 1e3 * (tp1[k][s].seconds - tp0[k][s].seconds));
             printf("\n");
         }
