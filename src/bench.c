@@ -249,9 +249,9 @@ static double median(double *v, int n) {
  * tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's), which with one
  * probe per pair is the ratio of the two steps' read rates.
  * Both engines decode the same tokens; *same = whether every step's logits were bitwise equal
- * between them. With trace, each step is also printed as a table row: the probe's best GB/s and
- * the load-only pass's after its pair, its own read rate and ms, and (engines made with profile)
- * each stage's ms in it. */
+ * between them. With trace, each step is also printed as a table row named names[engine]: the
+ * probe's best GB/s and the load-only pass's after its pair, its own read rate and ms, and
+ * (engines made with profile) each stage's ms in it. */
 typedef struct paired_out {
     double q[2][3], by_pattern[2][BENCH_PATTERNS], tps[2], ratio_med;
     double rate_q[3]; /* engine 1's tok/s / engine 0's per step: quartiles and median (rate_q[1]) */
@@ -263,7 +263,8 @@ typedef struct paired_out {
     bool same;
 } paired_out;
 
-static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int plen, int n, bool trace, paired_out *po,
+static int paired_run(engine *const *eng, const char *const *names, int n_eng, bench_probe *probe, int plen, int n,
+                      bool trace, paired_out *po,
                       ditto_err *err) {
     DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
     int32_t tok[2], pos[2], sl[2];
@@ -324,7 +325,7 @@ static int paired_run(engine *const *eng, int n_eng, bench_probe *probe, int ple
                 for (int s = 0; s < ntps; s++) printf("---:|");
                 printf("\n");
             }
-            printf("| %s | %d | %.1f | %.1f | %.1f | %.2f |", k ? "unify" : "solo", i, pb, ps, gbs[k], ms[k]);
+            printf("| %s | %d | %.1f | %.1f | %.1f | %.2f |", names[k], i, pb, ps, gbs[k], ms[k]);
             for (int s = 0; s < ntps; s++) printf(" %.3f |", 1e3 * (tp1[k][s].seconds - tp0[k][s].seconds));
             printf("\n");
         }
@@ -602,7 +603,7 @@ static void cpu_describe(char *buf, size_t cap) {
  * (cpu/prefetch.h), in one process, each pair back to back in alternating order (paired_run);
  * prints each form's per-step tok/s ratio to near-far (the fairest A/B this VM allows: the phases
  * hit both alike) and whether the forms' logits were bitwise equal at every step. */
-static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, ditto_err *err) {
+static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, bool trace, ditto_err *err) {
     engine *ef[CPU_STREAM_COUNT] = {NULL};
     paired_out po[CPU_STREAM_COUNT];
     int rc = -1;
@@ -613,7 +614,8 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
     }
     for (int f = 1; f < CPU_STREAM_COUNT; f++) {
         engine *const pair[2] = {ef[CPU_STREAM_NEAR_FAR], ef[f]};
-        if (paired_run(pair, 2, probe, plen, n, false, &po[f], err) < 0) goto done;
+        const char *const names[2] = {cpu_stream_name(CPU_STREAM_NEAR_FAR), cpu_stream_name(f)};
+        if (paired_run(pair, names, 2, probe, plen, n, trace, &po[f], err) < 0) goto done;
     }
     printf("\nstream forms (%d solo steps in %s and in each other form, each pair back to back in alternating order and"
            " followed by one probe pass):\n\n"
@@ -643,7 +645,8 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
         if (engine_create(&ea[k], m, &o, err)) goto done;
     }
     paired_out po;
-    if (paired_run(ea, 2, probe, plen, n, false, &po, err) < 0) goto done;
+    const char *const names[2] = {"ahead run", "ahead B"};
+    if (paired_run(ea, names, 2, probe, plen, n, false, &po, err) < 0) goto done;
     char was[32];
     if (base->cpu_ahead < 0) snprintf(was, sizeof was, "the default, %d", CPU_AHEAD_BYTES);
     else snprintf(was, sizeof was, "%ld", base->cpu_ahead);
@@ -814,7 +817,8 @@ int bench_cmd(int argc, char **argv) {
     if (paired) {
         engine *pe[2] = {e, eu};
         paired_out po;
-        if (paired_run(pe, 2, probe, plen, paired, trace, &po, &err) < 0) goto fail;
+        const char *const names[2] = {"solo", "unify"};
+        if (paired_run(pe, names, 2, probe, plen, paired, trace, &po, &err) < 0) goto fail;
         printf("\npaired (%d decode steps of one stream per path, the two paths' steps back to back in alternating order,"
                " each pair followed by one pass of the probe's %d patterns): step read rate %% of the best pattern right"
                " after it\n\n",
@@ -865,7 +869,7 @@ int bench_cmd(int argc, char **argv) {
         }
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
-    if (paired && forms && forms_run(m, &o, probe, plen, paired, &err) < 0) goto fail;
+    if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
