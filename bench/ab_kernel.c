@@ -13,7 +13,13 @@
  * 1536 rows x 300 (0.5 GiB of expert-sized gate+up pairs) streams model-sized calls from memory.
  * Prints GB/s of weight bytes per side, and whether each side's output is bitwise equal to the
  * reference gemm (quant.c) — a kernel that is fast but wrong says so. THREADS should not exceed
- * the cores: the workers spin. */
+ * the cores: the workers spin.
+ * AB_LOADS=1 adds a third pass to every round: plain 256-bit loads of the same matrices' bytes
+ * (each thread its rows' groups front to back, no software prefetch, no compute), and prints A
+ * and B against it beside the slower and the faster half of its rounds (split at the midpoint of
+ * its range): how much of the machine's stream each kernel form turns into gemm speed, in the
+ * same seconds (bench/cpu-speed.md, thirty-first session). */
+#include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -38,6 +44,30 @@ static enum cpu_stream form_env(const char *name) {
            : !strcmp(e, "two-l1") ? CPU_STREAM_TWO_L1
            : !strcmp(e, "plain") ? CPU_STREAM_PLAIN
                                  : CPU_STREAM_NEAR_FAR;
+}
+
+/* A quant_gemm_fn that only reads rows [r0, r1)'s repacked groups (gb = the group's bytes, as
+ * the repacked kernels take it): two 256-bit loads a line, XOR-folded, no output. */
+static volatile uint64_t loads_sink;
+__attribute__((target("avx2"))) static void loads_only(const void *w, size_t gb, int r0, int r1, int k,
+                                                        const void *act, size_t ab, int nt, float *out, size_t os) {
+    (void)k, (void)act, (void)ab, (void)nt, (void)out, (void)os;
+    const uint8_t *p = (const uint8_t *)w + (size_t)(r0 / 16) * gb, *e = (const uint8_t *)w + (size_t)((r1 + 15) / 16) * gb;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+    for (; p + 64 <= e; p += 64) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(const void *)p));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(const void *)(p + 32)));
+    }
+    loads_sink = (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
+}
+
+static double med(double *v, int n) { /* sorts v */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const double x = v[j];
+            v[j] = v[j - 1], v[j - 1] = x;
+        }
+    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : 0.0;
 }
 
 /* Worker threads persist and spin between passes (a pass over a 1-5 MB matrix, as the model's
@@ -148,14 +178,21 @@ int main(int argc, char **argv) {
     const char *er = getenv("AB_ROUNDS"); /* more rounds: a steadier median */
     const int reps = (int)(2e8 / total) + 1, rounds = DT_MAX(1, DT_MIN(1000, er ? atoi(er) : total > 1e8 ? 8 : 30));
     double *ratio = xcalloc((size_t)rounds, sizeof(double)), tr_a = 0;
+    const bool with_loads = getenv("AB_LOADS") && atoi(getenv("AB_LOADS")) > 0;
+    double *rate[3] = {xcalloc((size_t)rounds, sizeof(double)), xcalloc((size_t)rounds, sizeof(double)),
+                       xcalloc((size_t)rounds, sizeof(double))}; /* GB/s per round: A, B, loads */
+    float *sink = xmalloc(on * sizeof(float));
     for (int r = 0; r < rounds; r++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < (with_loads ? 3 : 2); v++) {
             double t = 0;
             for (int i = 0; i < reps; i++)
                 for (int m = 0; m < nmat; m++) {
-                    const gemm_job base = {fn[v], wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt, out[v], (size_t)rows};
+                    const gemm_job base = {v < 2 ? fn[v] : loads_only, wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt,
+                                           v < 2 ? out[v] : sink, (size_t)rows};
                     t += pass(&tm, base, rows);
                 }
+            rate[v][r] = total * reps / t / 1e9;
+            if (v == 2) continue;
             if (t / reps < best[v]) best[v] = t / reps;
             if (v == 0) tr_a = t;
             else ratio[r] = tr_a / t;
@@ -173,6 +210,24 @@ int main(int argc, char **argv) {
                memcmp(out[v], ref, on * sizeof(float)) ? " (NOT BITWISE EQUAL TO THE REFERENCE)" : "");
     printf("  B/A %.3f (best of %d rounds each); per-round B/A median %.3f, quartiles %.3f-%.3f\n", best[0] / best[1],
            rounds, ratio[rounds / 2], ratio[rounds / 4], ratio[(3 * rounds) / 4]);
+    if (with_loads) { /* A and B against the loads-only pass of the same round, by the loads' half of their range */
+        double lo = 1e300, hi = 0;
+        for (int r = 0; r < rounds; r++) lo = DT_MIN(lo, rate[2][r]), hi = DT_MAX(hi, rate[2][r]);
+        const double mid = 0.5 * (lo + hi);
+        for (int h = 0; h < 2; h++) {
+            double l[1000], a[1000], b[1000], al[1000], bl[1000];
+            int n = 0;
+            for (int r = 0; r < rounds; r++)
+                if ((rate[2][r] >= mid) == (h == 1)) {
+                    l[n] = rate[2][r], a[n] = rate[0][r], b[n] = rate[1][r];
+                    al[n] = rate[0][r] / rate[2][r], bl[n] = rate[1][r] / rate[2][r], n++;
+                }
+            printf("  loads-only rounds %s %.1f GB/s: %d, loads %.2f GB/s, A %.2f (%.3f of the loads), B %.2f (%.3f)\n",
+                   h ? "at or above" : "below", mid, n, med(l, n), med(a, n), med(al, n), med(b, n), med(bl, n));
+        }
+    }
+    for (int v = 0; v < 3; v++) free(rate[v]);
+    free(sink);
     free(ratio);
     free(src), free(wp), free(act), free(xf), free(ref), free(out[0]), free(out[1]);
     return 0;
