@@ -247,7 +247,11 @@ static double median(double *v, int n) {
  * bench/cpu-speed.md, nineteenth session.) Per engine: median and quartiles of the ratios (in %)
  * into q, the median ratio to each pattern alone into by_pattern, the median step's tok/s into
  * tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's), which with one
- * probe per pair is the ratio of the two steps' read rates.
+ * probe per pair is the ratio of the two steps' read rates. Before that pass, one load-only pass
+ * of engine 0's step bytes (bench_probe_stream: the first pattern at a step's length, where each
+ * pattern of the pass reads the 1 GiB buffer once) gives ctl (each step's rate over it) and
+ * ctl_best (its rate over the best pattern's): how far the best of twelve short windows of a
+ * flickering machine lies above what a stream of a step's length reads.
  * Both engines decode the same tokens; *same = whether every step's logits were bitwise equal
  * between them. With trace, each step is also printed as a table row named names[engine]: the
  * probe's best GB/s and the load-only pass's after its pair, its own read rate and ms, and
@@ -264,8 +268,7 @@ typedef struct paired_out {
 } paired_out;
 
 static int paired_run(engine *const *eng, const char *const *names, int n_eng, bench_probe *probe, int plen, int n,
-                      bool trace, paired_out *po,
-                      ditto_err *err) {
+                      bool trace, paired_out *po, ditto_err *err) {
     DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
     int32_t tok[2], pos[2], sl[2];
     int held = 0; /* slots acquired */
