@@ -61,7 +61,7 @@ __attribute__((target("avx2"))) static void loads_only(const void *w, size_t gb,
     loads_sink = (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
 }
 
-static double med(double *v, int n) { /* sorts v */
+static double med(double *v, int n) { /* sorts v (insertion sort: rounds are few) */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
             const double x = v[j];
@@ -197,11 +197,7 @@ int main(int argc, char **argv) {
             if (v == 0) tr_a = t;
             else ratio[r] = tr_a / t;
         }
-    for (int i = 1; i < rounds; i++) /* insertion sort: rounds are few */
-        for (int j = i; j > 0 && ratio[j] < ratio[j - 1]; j--) {
-            const double x = ratio[j];
-            ratio[j] = ratio[j - 1], ratio[j - 1] = x;
-        }
+    med(ratio, rounds); /* sorts: the quartiles below */
     tm.quit = 1;
     for (int i = 1; i < nth; i++) pthread_join(th[i], NULL);
     printf("%s rows %d k %d n_tok %d threads %d matrices %d:", tr->name, rows, k, nt, nth, nmat);
