@@ -74,11 +74,10 @@ AI __m512i dp_bcast(__m512i acc, __m512i W, const int8_t *p) {
 AI __m512 chain(__m512 acc, __m512 d, float da, __m512i I) {
     return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(I), acc);
 }
-/* acc = fma(-(dm*da), (float)M, acc). */
+/* acc = fma(-(dm*da), (float)M, acc), as fnmadd: -(p*M) + acc with one rounding is (-p)*M + acc
+ * with one rounding, the same bits. */
 AI __m512 chain_neg(__m512 acc, __m512 dm, float da, __m512i M) {
-    __m512 p = _mm512_mul_ps(dm, _mm512_set1_ps(da));
-    p = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(p), _mm512_set1_epi32((int)0x80000000u)));
-    return _mm512_fmadd_ps(p, _mm512_cvtepi32_ps(M), acc);
+    return _mm512_fnmadd_ps(_mm512_mul_ps(dm, _mm512_set1_ps(da)), _mm512_cvtepi32_ps(M), acc);
 }
 
 /* An opaque copy of a pointer: loads through it cannot be merged with loads through the
@@ -184,6 +183,25 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
     return _mm512_dpwssd_epi32(M, mp[3], _mm512_broadcastd_epi32(_mm_shuffle_epi32(bp, 3)));
 }
 
+/* The one-token kernel's min-term operand of one activation block, 16 bytes: the pair sums
+ * ps_j = bsum_2j + bsum_2j+1 (j = 0..7, |ps_j| <= 32*127 = 4064) split exactly as
+ * ps_j = 128 h_j + l_j with h_j = ps_j >> 7 in -32..31 and l_j = ps_j & 127:
+ *   bytes 0..7 = h_0..h_7, bytes 8..15 = l_0..l_7 (int8; packs_epi16 cannot saturate). */
+#define Q4K_HL_BYTES 16
+#define Q4K_HL_MAX 512 /* blocks (k <= 131072) whose operands gemm_one makes on its stack */
+AI void q4k_hl(const block_q8k *y, int8_t *hl) {
+    const __m128i ps = q4k_pair_sums_v(y);
+    const __m128i h = _mm_srai_epi16(ps, 7), l = _mm_and_si128(ps, _mm_set1_epi16(127));
+    _mm_storeu_si128((__m128i *)(void *)hl, _mm_packs_epi16(h, l));
+}
+/* M = sum_j m_j * ps_j of one token, 16 rows at once, from its q4k_hl operand: lane r's bytes of
+ * mlo / mhi are m_0..3 / m_4..7 (unsigned, <= 63), so four vpdpbusd give
+ * 128 * sum_j m_j h_j + sum_j m_j l_j (|M| <= 8*63*4064 = 2.05e6), with no int16 unpacking. */
+AI __m512i q4k_min_sum_hl(__m512i mlo, __m512i mhi, const int8_t *hl) {
+    const __m512i Mh = dp_bcast(dp_bcast(_mm512_setzero_si512(), mlo, hl), mhi, hl + 4);
+    return dp_bcast(dp_bcast(_mm512_slli_epi32(Mh, 7), mlo, hl + 8), mhi, hl + 12);
+}
+
 /* Bit j of each byte of H at bit 4 (0x10), the rest zero. */
 AI __m512i q5k_bit(__m512i H, const int j) {
     const __m512i h = j <= 4 ? _mm512_slli_epi16(H, 4 - j) : _mm512_srli_epi16(H, j - 4);
@@ -252,7 +270,7 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k
  * `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
  * CPU_PF_FAR ahead of it issued beside its load (cpu_prefetch_line) instead of in one burst before
  * the block; the caller says whether they lie within the call's rows. */
-AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a, const bool spread, const int f) {
+AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512 a, const bool spread, const int f) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     __m512i se[4], so[4];
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
@@ -266,16 +284,23 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, __m512 a, const bool spr
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
         }
     }
-    __m512i I = _mm512_setzero_si512();
+    /* the odd sub-blocks' sums are 16 s_j exactly: summed unshifted (|.| <= 4*63*16*60960 = 2.46e8)
+     * and shifted back once */
+    __m512i Ie = _mm512_setzero_si512(), Io = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         const __m512i sc = p < 2 ? slo : shi;
-        I = _mm512_add_epi32(I, _mm512_mullo_epi32(se[p], byte_to_dword(sc, (2 * p) & 3)));
-        I = _mm512_add_epi32(I, _mm512_mullo_epi32(_mm512_srai_epi32(so[p], 4), byte_to_dword(sc, (2 * p + 1) & 3)));
+        Ie = _mm512_add_epi32(Ie, _mm512_mullo_epi32(se[p], byte_to_dword(sc, (2 * p) & 3)));
+        Io = _mm512_add_epi32(Io, _mm512_mullo_epi32(so[p], byte_to_dword(sc, (2 * p + 1) & 3)));
     }
+    const __m512i I = _mm512_add_epi32(Ie, _mm512_srai_epi32(Io, 4));
     const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
-                           bytes_to_words(mhi, 1)};
-    const __m512i M = q4k_min_sum(mp, y);
+    __m512i M;
+    if (hl) M = q4k_min_sum_hl(mlo, mhi, hl);
+    else {
+        const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
+                               bytes_to_words(mhi, 1)};
+        M = q4k_min_sum(mp, y);
+    }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     return chain_neg(chain(a, d, y->d, I), dmin, y->d, M);
@@ -440,19 +465,20 @@ static const tok_fn tok_table[3][TCH + 1] = {
  * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same in a block's first
  * chunk of up to 8 tokens (from memory 1.15-1.6x at 2-8 tokens, 1.3-1.4x at 16, 1.05-1.13x at 64).
  * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
-AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
-                   const cpu_next *nx, const int f) {
+AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
+                   const uint8_t *end, const cpu_next *nx, const int f) {
     __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end;
         if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end, nx, f);
-        a = q4k_one(B, y + b, a, spread, f);
+        a = q4k_one(B, y + b, hl ? hl + Q4K_HL_BYTES * b : NULL, a, spread, f);
     }
     _mm512_store_ps(acc, a);
 }
-AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
-                   const cpu_next *nx, const int f) {
+AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
+                   const uint8_t *end, const cpu_next *nx, const int f) {
+    (void)hl;
     const uint8_t *B0 = G + rp_q6k_header(nb);
     cpu_prefetch_ahead_form(G, rp_q6k_header(nb), end, nx, f);
     __m512 a = _mm512_setzero_ps();
@@ -477,15 +503,18 @@ AI void q5k_block1(const uint8_t *G, int b, const block_q8k *y, float *acc, cons
     const block_q8k *const yb[1] = {y + b};
     q45k_tokens(1, 1, B, yb, pb, acc, spread, f);
 }
-AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
-                   const cpu_next *nx, const int f) {
+AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
+                   const uint8_t *end, const cpu_next *nx, const int f) {
+    (void)hl;
     _mm512_store_ps(acc, _mm512_setzero_ps());
     for (int b = 0; b < nb; b++) q5k_block1(G, b, y, acc, end, nx, f);
 }
 
 /* One token against two groups G[0], G[1] in lockstep, block by block (CPU_STREAM_TWO_L1: two
  * streams, each with its own end[s] and continuation nx[s]); each group's chain is
- * q4k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. */
+ * q4k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. Q4_K's min term is made from y's bsums in
+ * each block (q4k_min_sum), not from a call's q4k_hl operands: in this lockstep loop those read 0.85x
+ * in cache (bench/cpu-speed.md, thirty-third session). */
 static __attribute__((noinline)) void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *const end[2], const cpu_next *const nx[2]) {
     const int f = CPU_STREAM_TWO_L1;
@@ -495,7 +524,7 @@ static __attribute__((noinline)) void q4k_group2(const uint8_t *const G[2], int 
             const uint8_t *B = G[s] + (size_t)b * RP_Q4K_BLOCK;
             const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end[s];
             if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end[s], nx[s], f);
-            a[s] = q4k_one(B, launder_y(y + b), a[s], spread, f);
+            a[s] = q4k_one(B, launder_y(y + b), NULL, a[s], spread, f);
         }
     _mm512_store_ps(acc, a[0]);
     _mm512_store_ps(acc + 16, a[1]);
@@ -527,12 +556,13 @@ static __attribute__((noinline)) void q5k_group2(const uint8_t *const G[2], int 
 }
 
 /* The one-token kernels, one per (type, stream form). */
-typedef void (*one_fn)(const uint8_t *G, int nb, const block_q8k *y, float *acc, const uint8_t *end,
+/* hl: the token's q4k_hl operands, Q4K_HL_BYTES a block (Q4_K; NULL: made from y's bsums in each block). */
+typedef void (*one_fn)(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc, const uint8_t *end,
                        const cpu_next *nx);
 #define DEF_ONE(NAME, BODY, F)                                                                              \
-    static __attribute__((noinline)) void NAME(const uint8_t *G, int nb, const block_q8k *y, float *acc,    \
-                                               const uint8_t *end, const cpu_next *nx) {                    \
-        BODY(G, nb, y, acc, end, nx, F);                                                                    \
+    static __attribute__((noinline)) void NAME(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl,  \
+                                               float *acc, const uint8_t *end, const cpu_next *nx) {        \
+        BODY(G, nb, y, hl, acc, end, nx, F);                                                                \
     }
 DEF_ONE(q4k_one_nf, q4k_group1, CPU_STREAM_NEAR_FAR)
 DEF_ONE(q6k_one_nf, q6k_group1, CPU_STREAM_NEAR_FAR)
@@ -576,6 +606,12 @@ static int two_halves(const uint8_t *w, size_t group_bytes, int g0, int g1, cons
 static void gemm_one(const int ti, const int form, const uint8_t *w, size_t group_bytes, int g0, int g1, int r1,
                      int nb, const block_q8k *y, float *out, const cpu_next *nx) {
     float acc[32] __attribute__((aligned(64)));
+    int8_t hlbuf[Q4K_HL_MAX * Q4K_HL_BYTES];
+    const int8_t *hl = NULL;
+    if (ti == 0 && nb <= Q4K_HL_MAX) {
+        for (int b = 0; b < nb; b++) q4k_hl(y + b, hlbuf + Q4K_HL_BYTES * b);
+        hl = hlbuf;
+    }
     const uint8_t *end = w + (size_t)g1 * group_bytes;
     int g = g0;
     if (form == CPU_STREAM_TWO_L1 && g1 - g0 >= 2) {
@@ -592,7 +628,7 @@ static void gemm_one(const int ti, const int form, const uint8_t *w, size_t grou
     }
     const one_fn one = one_table[ti][form];
     for (; g < g1; g++) {
-        one(w + (size_t)g * group_bytes, nb, y, acc, end, nx);
+        one(w + (size_t)g * group_bytes, nb, y, hl, acc, end, nx);
         store_group(out, g, r1, acc);
     }
 }
