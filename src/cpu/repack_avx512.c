@@ -6,8 +6,8 @@
  * its own int32 lane, so a sub-block's per-row sums need no horizontal reduction. Then, per
  * lane and exactly in int32:
  *   Q4_K: I = sum_j sc_j * s_j (vpmulld), M = sum_j m_j * (bsum_2j + bsum_2j+1) (vpdpwssd on
- *         int16 pairs), and the reference chain acc = fma(d*da, (float)I, acc);
- *         acc = fma(-(dmin*da), (float)M, acc).
+ *         int16 pairs; at one token vpdpbusd on an exact int8 split of the pair sums, q4k_hl),
+ *         and the reference chain acc = fma(d*da, (float)I, acc); acc = fma(-(dmin*da), (float)M, acc).
  *   Q6_K: u = q + 32 in 0..63 goes through vpdpbusd: s_j = sum u*a; then
  *         I = sum_j sc_j * s_j - 32 * sum_j sc_j * bsum_j (the second sum by vpdpwssd on int16
  *         (sc_2p, sc_2p+1) x (bsum_2p, bsum_2p+1) pairs) = sum_j sc_j * sum (u-32)*a, exactly;
