@@ -102,10 +102,9 @@ AI void pin(__m256i *v) { __asm__ volatile("" : "+x"(*v)); }
 AI __m256 chain(__m256 acc, __m256 d, float da, __m256i I) {
     return _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(I), acc);
 }
+/* acc = fma(-(dm*da), (float)M, acc) as fnmadd: the same exact product and one rounding, the same bits. */
 AI __m256 chain_neg(__m256 acc, __m256 dm, float da, __m256i M) {
-    __m256 p = _mm256_mul_ps(dm, _mm256_set1_ps(da));
-    p = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(p), _mm256_set1_epi32((int)0x80000000u)));
-    return _mm256_fmadd_ps(p, _mm256_cvtepi32_ps(M), acc);
+    return _mm256_fnmadd_ps(_mm256_mul_ps(dm, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(M), acc);
 }
 AI __m256 ld_f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)); }
 
@@ -170,6 +169,34 @@ AI __m256i q4k_min_sum(const __m256i mp[4], const block_q8k *y) {
     M = _mm256_add_epi32(M, _mm256_madd_epi16(mp[2], _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(4))));
     return _mm256_add_epi32(M, _mm256_madd_epi16(mp[3], _mm256_permutevar8x32_epi32(bp, _mm256_set1_epi32(5))));
 }
+/* The one-token kernel's min-term operand of one activation block (repack_avx512.c's q4k_hl): the pair
+ * sums ps_j (|ps_j| <= 4064) split exactly as 128 h_j + l_j, h_j = ps_j >> 7 in -32..31, l_j = ps_j & 127;
+ * bytes 0..7 = h_0..h_7, 8..15 = l_0..l_7 (int8). */
+#define Q4K_HL_BYTES 16
+#define Q4K_HL_MAX 512 /* blocks (k <= 131072) whose operands a one-token call makes on its stack */
+AI void q4k_hl(const block_q8k *y, int8_t *hl) {
+    const __m256i bp32 = _mm256_madd_epi16(LD(y->bsums), _mm256_set1_epi16(1));
+    const __m128i ps = _mm_packs_epi32(_mm256_castsi256_si128(bp32), _mm256_extracti128_si256(bp32, 1));
+    _mm_storeu_si128((__m128i *)(void *)hl,
+                     _mm_packs_epi16(_mm_srai_epi16(ps, 7), _mm_and_si128(ps, _mm_set1_epi16(127))));
+}
+/* M of one token for the half's 8 rows from its q4k_hl operand, on the mins' bytes (lane r of mlo / mhi:
+ * m_0..3 / m_4..7, unsigned <= 63) as they are decoded: 128 * sum_j m_j h_j + sum_j m_j l_j. AVX-VNNI: four
+ * vpdpbusd. Plain AVX2: vpmaddubsw pairs (|m h + m' h'| <= 2*63*32, m l + m' l' <= 2*63*127 = 16002), two
+ * added in int16 (<= 32004 < 2^15), then vpmaddwd by 128 and by 1. */
+AI __m256i q4k_min_sum_hl(__m256i mlo, __m256i mhi, const int8_t *hl) {
+#ifdef RP_AVXVNNI
+    const __m256i Mh = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), mlo, bcast4(hl)), mhi,
+                                               bcast4(hl + 4));
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_slli_epi32(Mh, 7), mlo, bcast4(hl + 8)), mhi,
+                                   bcast4(hl + 12));
+#else
+    const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(hl)), _mm256_maddubs_epi16(mhi, bcast4(hl + 4)));
+    const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(mlo, bcast4(hl + 8)), _mm256_maddubs_epi16(mhi, bcast4(hl + 12)));
+    return _mm256_add_epi32(_mm256_madd_epi16(h, _mm256_set1_epi16(128)), _mm256_madd_epi16(l, _mm256_set1_epi16(1)));
+#endif
+}
+
 /* mp of q4k_min_sum for the half whose scale vectors are at B. */
 AI void q4k_min_pairs(const uint8_t *B, __m256i mp[4]) {
     const __m256i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
@@ -241,7 +268,7 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const uint8_t *
  * Each 32-byte weight vector is loaded once for both of its nibbles (sub-blocks 2p and 2p+1),
  * and each activation broadcast serves both halves; the four sums of a pair run as
  * independent chains, pinned in order (reassociated, GCC keeps the products live and spills). */
-AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
+AI void q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m256 a[2]) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -267,9 +294,13 @@ AI void q4k_one(const uint8_t *B, const block_q8k *y, __m256 a[2]) {
         }
     }
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        __m256i mp[4];
-        q4k_min_pairs(B + 32 * h, mp);
-        const __m256i M = q4k_min_sum(mp, y);
+        __m256i M;
+        if (hl) M = q4k_min_sum_hl(q4k_mlo(B + 32 * h), q4k_mhi(B + 32 * h), hl);
+        else {
+            __m256i mp[4];
+            q4k_min_pairs(B + 32 * h, mp);
+            M = q4k_min_sum(mp, y);
+        }
         const __m256 d = ld_f16x8(B + RP_Q4K_D + 16 * h), dmin = ld_f16x8(B + RP_Q4K_DMIN + 16 * h);
         a[h] = chain_neg(chain(a[h], d, y->d, I[h]), dmin, y->d, M);
     }
@@ -291,14 +322,15 @@ AI void mt_requests(const uint8_t *p, size_t bytes, const uint8_t *end, const cp
 }
 
 /* One token against one 16-row Q4_K group (every block, both halves' accumulators in
- * registers), its 16 sums to acc; rq: with the weight requests (one_requests). */
-static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, float *acc,
-                                                 const uint8_t *end, const cpu_next *nx, const bool rq) {
+ * registers), its 16 sums to acc; rq: with the weight requests (one_requests). hl: the token's q4k_hl
+ * operands, Q4K_HL_BYTES a block (NULL: the min term from y's bsums in each block). */
+static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl,
+                                                 float *acc, const uint8_t *end, const cpu_next *nx, const bool rq) {
     __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         if (rq) one_requests(B, RP_Q4K_BLOCK, end, nx);
-        q4k_one(B, y + b, a);
+        q4k_one(B, y + b, hl ? hl + Q4K_HL_BYTES * b : NULL, a);
     }
     _mm256_store_ps(acc, a[0]);
     _mm256_store_ps(acc + 8, a[1]);
@@ -575,13 +607,19 @@ static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next 
 #endif
     const block_q8k *y[TCH45];
     if (n_tok == 1 && (type == QT_Q4_K || (is6 && RP_ONE6))) { /* one token: whole groups (q4k_group1, q6k_group1) */
+        int8_t hlbuf[Q4K_HL_MAX * Q4K_HL_BYTES];
+        const int8_t *hl = NULL;
+        if (type == QT_Q4_K && nb <= Q4K_HL_MAX) {
+            for (int b = 0; b < nb; b++) q4k_hl((const block_q8k *)act + b, hlbuf + Q4K_HL_BYTES * b);
+            hl = hlbuf;
+        }
         for (int g = g0; g < g1; g++) {
             const uint8_t *G = (const uint8_t *)w + (size_t)g * group_bytes;
 #if RP_ONE6
             if (is6) q6k_group1(G, nb, (const block_q8k *)act, acc, end, nx, !plain);
             else
 #endif
-                q4k_group1(G, nb, (const block_q8k *)act, acc, end, nx, !plain);
+                q4k_group1(G, nb, (const block_q8k *)act, hl, acc, end, nx, !plain);
             memcpy(out + (size_t)g * REPACK_ROWS, acc, sizeof(float) * (size_t)DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS));
         }
         return;
