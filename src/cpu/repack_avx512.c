@@ -262,45 +262,64 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k
     }
 }
 
+/* The min term M of one token against Q4_K block B: from its q4k_hl operand hl, or (NULL) from y's bsums. */
+AI __m512i q4k_min(const uint8_t *B, const block_q8k *y, const int8_t *hl) {
+    const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
+    if (hl) return q4k_min_sum_hl(mlo, mhi, hl);
+    const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
+                           bytes_to_words(mhi, 1)};
+    return q4k_min_sum(mp, y);
+}
+
 /* One token against one Q4_K block B, returning the updated accumulator: the same integer sums
- * and fp32 chain as q45k_tokens(0, 1, ...), but the 8 sub-block sums run as 8 interleaved chains
- * (vector i of all four pairs, then i+1, ...), so each chain's next vpdpbusd comes 8
- * instructions later (in L1 a few % faster than the pair-by-pair order, near the A/B tool's
- * noise; at T = 2-3 this order was slower, so the multi-token kernels keep theirs). With
- * `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
+ * and fp32 chain as q45k_tokens(0, 1, ...), in another order. In the plain and two-l1 forms the
+ * min term M comes first, from the block's header lines, and each sub-block pair's two sums (two
+ * chains of 8 vpdpbusd) are scaled into I right after its 8 weight vectors (pinned there), so the
+ * block's integer work is spread over its loads rather than left in a tail after them: from
+ * memory 1.03-1.08x the tail order (per-round medians, two threads, plain; 0.755 -> 0.819 of plain
+ * loads in fast rounds), in cache 0.99x. The near-far form keeps the tail (spread, 0.89x in cache;
+ * not measured from memory on the Intel host it is for). bench/cpu-speed.md, thirty-third session.
+ * With `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
  * CPU_PF_FAR ahead of it issued beside its load (cpu_prefetch_line) instead of in one burst before
  * the block; the caller says whether they lie within the call's rows. */
 AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512 a, const bool spread, const int f) {
+    const bool early = f != CPU_STREAM_NEAR_FAR;
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
-    __m512i se[4], so[4];
-    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) se[p] = so[p] = _mm512_setzero_si512();
     if (spread) pf_lines(B, 32, 4, f);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
+    __m512i M = _mm512_setzero_si512();
+    if (early) {
+        M = q4k_min(B, y, hl);
+        pin(&M);
+    }
+    /* the odd sub-blocks' sums are 16 s_j exactly: summed unshifted (|.| <= 4*63*16*60960 = 2.46e8)
+     * and shifted back once */
+    __m512i se[4], so[4], Ie = _mm512_setzero_si512(), Io = _mm512_setzero_si512();
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+        se[p] = so[p] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, f);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
         }
+        if (early) {
+            const __m512i sc = p < 2 ? slo : shi;
+            Ie = _mm512_add_epi32(Ie, _mm512_mullo_epi32(se[p], byte_to_dword(sc, (2 * p) & 3)));
+            Io = _mm512_add_epi32(Io, _mm512_mullo_epi32(so[p], byte_to_dword(sc, (2 * p + 1) & 3)));
+            pin(&Ie);
+            pin(&Io);
+        }
     }
-    /* the odd sub-blocks' sums are 16 s_j exactly: summed unshifted (|.| <= 4*63*16*60960 = 2.46e8)
-     * and shifted back once */
-    __m512i Ie = _mm512_setzero_si512(), Io = _mm512_setzero_si512();
-    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
-        const __m512i sc = p < 2 ? slo : shi;
-        Ie = _mm512_add_epi32(Ie, _mm512_mullo_epi32(se[p], byte_to_dword(sc, (2 * p) & 3)));
-        Io = _mm512_add_epi32(Io, _mm512_mullo_epi32(so[p], byte_to_dword(sc, (2 * p + 1) & 3)));
+    if (!early) {
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m512i sc = p < 2 ? slo : shi;
+            Ie = _mm512_add_epi32(Ie, _mm512_mullo_epi32(se[p], byte_to_dword(sc, (2 * p) & 3)));
+            Io = _mm512_add_epi32(Io, _mm512_mullo_epi32(so[p], byte_to_dword(sc, (2 * p + 1) & 3)));
+        }
+        M = q4k_min(B, y, hl);
     }
     const __m512i I = _mm512_add_epi32(Ie, _mm512_srai_epi32(Io, 4));
-    const __m512i mlo = q4k_mlo(B), mhi = q4k_mhi(B);
-    __m512i M;
-    if (hl) M = q4k_min_sum_hl(mlo, mhi, hl);
-    else {
-        const __m512i mp[4] = {bytes_to_words(mlo, 0), bytes_to_words(mlo, 1), bytes_to_words(mhi, 0),
-                               bytes_to_words(mhi, 1)};
-        M = q4k_min_sum(mp, y);
-    }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     return chain_neg(chain(a, d, y->d, I), dmin, y->d, M);
