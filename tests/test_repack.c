@@ -294,10 +294,11 @@ static void test_gemm(uint32_t type) {
     /* rows too long for the Q4_K kernels' stack of pair sums (nb = 2049: made per block instead;
      * 16392 blocks of 32) */
     gemm_case(type, 20, 0, 20, 3, 2049 * QK_K, 1, 0);
-    /* one token at the edge of the Q4_K one-token kernel's stack of min-term operands (512 blocks:
-     * made once per call; 513: made per block instead), adversarial activations (pair sums +-4064) */
-    gemm_case(type, 20, 0, 20, 1, 512 * QK_K, 1, 1);
-    gemm_case(type, 33, 0, 33, 1, 513 * QK_K, 0, 1);
+    /* one token at the edge of the Q4_K one-token kernels' stack of min-term operands (RP_Q4K_HL_MAX
+     * blocks: made once per call; one more: from the bsums in each block), adversarial activations
+     * (pair sums +-4064) */
+    gemm_case(type, 20, 0, 20, 1, RP_Q4K_HL_MAX * QK_K, 1, 1);
+    gemm_case(type, 33, 0, 33, 1, (RP_Q4K_HL_MAX + 1) * QK_K, 0, 1);
     /* balanced data, every token count 1..9 */
     g_balanced = 1;
     for (int nt = 1; nt <= 9; nt++)

@@ -89,6 +89,11 @@ repack_gemm_next_fn repack_gemm_next_avx2vnni(uint32_t type, enum cpu_stream for
 #define RP_Q4K_DMIN 32  /* fp16 dmin[16] */
 #define RP_Q4K_SC 64    /* 3 x 16 dwords: scales[0..3], [4..7], [8..11] of each row */
 #define RP_Q4K_QS 256   /* 32 x 64 B: vector v, lane r = qs_r[4v .. 4v+3] */
+/* The one-token Q4_K kernels' per-call min-term operands (q4k_hl in repack_avx512.c / repack_avx2.c):
+ * 16 int8 a block, made on the stack for rows of at most RP_Q4K_HL_MAX blocks (k <= 131072); longer
+ * rows take the min term from the activations' bsums in each block. */
+#define RP_Q4K_HL_BYTES 16
+#define RP_Q4K_HL_MAX 512
 /* Q5_K: as Q4_K, then the 5th bits: a group is nb consecutive 2816-byte blocks. */
 #define RP_Q5K_BLOCK 2816
 #define RP_Q5K_QH 2304 /* 8 x 64 B: vector v, lane r = qh_r[4v .. 4v+3] */

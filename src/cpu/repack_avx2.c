@@ -171,9 +171,7 @@ AI __m256i q4k_min_sum(const __m256i mp[4], const block_q8k *y) {
 }
 /* The one-token kernel's min-term operand of one activation block (repack_avx512.c's q4k_hl): the pair
  * sums ps_j (|ps_j| <= 4064) split exactly as 128 h_j + l_j, h_j = ps_j >> 7 in -32..31, l_j = ps_j & 127;
- * bytes 0..7 = h_0..h_7, 8..15 = l_0..l_7 (int8). */
-#define Q4K_HL_BYTES 16
-#define Q4K_HL_MAX 512 /* blocks (k <= 131072) whose operands a one-token call makes on its stack */
+ * bytes 0..7 = h_0..h_7, 8..15 = l_0..l_7 (int8): RP_Q4K_HL_BYTES (repack.h). */
 AI void q4k_hl(const block_q8k *y, int8_t *hl) {
     const __m256i bp32 = _mm256_madd_epi16(LD(y->bsums), _mm256_set1_epi16(1));
     const __m128i ps = _mm_packs_epi32(_mm256_castsi256_si128(bp32), _mm256_extracti128_si256(bp32, 1));
@@ -323,14 +321,14 @@ AI void mt_requests(const uint8_t *p, size_t bytes, const uint8_t *end, const cp
 
 /* One token against one 16-row Q4_K group (every block, both halves' accumulators in
  * registers), its 16 sums to acc; rq: with the weight requests (one_requests). hl: the token's q4k_hl
- * operands, Q4K_HL_BYTES a block (NULL: the min term from y's bsums in each block). */
+ * operands, RP_Q4K_HL_BYTES a block (NULL: the min term from y's bsums in each block). */
 static __attribute__((noinline)) void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl,
                                                  float *acc, const uint8_t *end, const cpu_next *nx, const bool rq) {
     __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; b++) {
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         if (rq) one_requests(B, RP_Q4K_BLOCK, end, nx);
-        q4k_one(B, y + b, hl ? hl + Q4K_HL_BYTES * b : NULL, a);
+        q4k_one(B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a);
     }
     _mm256_store_ps(acc, a[0]);
     _mm256_store_ps(acc + 8, a[1]);
@@ -607,10 +605,10 @@ static void gemm_rp(const int type, const bool plain, GEMM_ARGS, const cpu_next 
 #endif
     const block_q8k *y[TCH45];
     if (n_tok == 1 && (type == QT_Q4_K || (is6 && RP_ONE6))) { /* one token: whole groups (q4k_group1, q6k_group1) */
-        int8_t hlbuf[Q4K_HL_MAX * Q4K_HL_BYTES];
+        int8_t hlbuf[RP_Q4K_HL_MAX * RP_Q4K_HL_BYTES];
         const int8_t *hl = NULL;
-        if (type == QT_Q4_K && nb <= Q4K_HL_MAX) {
-            for (int b = 0; b < nb; b++) q4k_hl((const block_q8k *)act + b, hlbuf + Q4K_HL_BYTES * b);
+        if (type == QT_Q4_K && nb <= RP_Q4K_HL_MAX) {
+            for (int b = 0; b < nb; b++) q4k_hl((const block_q8k *)act + b, hlbuf + RP_Q4K_HL_BYTES * b);
             hl = hlbuf;
         }
         for (int g = g0; g < g1; g++) {

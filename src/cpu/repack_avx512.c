@@ -186,9 +186,7 @@ AI __m512i q4k_min_sum(const __m512i mp[4], const block_q8k *y) {
 /* The one-token kernel's min-term operand of one activation block, 16 bytes: the pair sums
  * ps_j = bsum_2j + bsum_2j+1 (j = 0..7, |ps_j| <= 32*127 = 4064) split exactly as
  * ps_j = 128 h_j + l_j with h_j = ps_j >> 7 in -32..31 and l_j = ps_j & 127:
- *   bytes 0..7 = h_0..h_7, bytes 8..15 = l_0..l_7 (int8; packs_epi16 cannot saturate). */
-#define Q4K_HL_BYTES 16
-#define Q4K_HL_MAX 512 /* blocks (k <= 131072) whose operands gemm_one makes on its stack */
+ *   bytes 0..7 = h_0..h_7, bytes 8..15 = l_0..l_7 (int8; packs_epi16 cannot saturate): RP_Q4K_HL_BYTES. */
 AI void q4k_hl(const block_q8k *y, int8_t *hl) {
     const __m128i ps = q4k_pair_sums_v(y);
     const __m128i h = _mm_srai_epi16(ps, 7), l = _mm_and_si128(ps, _mm_set1_epi16(127));
@@ -491,7 +489,7 @@ AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *h
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end;
         if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end, nx, f);
-        a = q4k_one(B, y + b, hl ? hl + Q4K_HL_BYTES * b : NULL, a, spread, f);
+        a = q4k_one(B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
     }
     _mm512_store_ps(acc, a);
 }
@@ -575,7 +573,7 @@ static __attribute__((noinline)) void q5k_group2(const uint8_t *const G[2], int 
 }
 
 /* The one-token kernels, one per (type, stream form). */
-/* hl: the token's q4k_hl operands, Q4K_HL_BYTES a block (Q4_K; NULL: made from y's bsums in each block). */
+/* hl: the token's q4k_hl operands, RP_Q4K_HL_BYTES a block (Q4_K; NULL: made from y's bsums in each block). */
 typedef void (*one_fn)(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc, const uint8_t *end,
                        const cpu_next *nx);
 #define DEF_ONE(NAME, BODY, F)                                                                              \
@@ -625,10 +623,10 @@ static int two_halves(const uint8_t *w, size_t group_bytes, int g0, int g1, cons
 static void gemm_one(const int ti, const int form, const uint8_t *w, size_t group_bytes, int g0, int g1, int r1,
                      int nb, const block_q8k *y, float *out, const cpu_next *nx) {
     float acc[32] __attribute__((aligned(64)));
-    int8_t hlbuf[Q4K_HL_MAX * Q4K_HL_BYTES];
+    int8_t hlbuf[RP_Q4K_HL_MAX * RP_Q4K_HL_BYTES];
     const int8_t *hl = NULL;
-    if (ti == 0 && nb <= Q4K_HL_MAX) {
-        for (int b = 0; b < nb; b++) q4k_hl(y + b, hlbuf + Q4K_HL_BYTES * b);
+    if (ti == 0 && nb <= RP_Q4K_HL_MAX) {
+        for (int b = 0; b < nb; b++) q4k_hl(y + b, hlbuf + RP_Q4K_HL_BYTES * b);
         hl = hlbuf;
     }
     const uint8_t *end = w + (size_t)g1 * group_bytes;
