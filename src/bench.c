@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -115,6 +116,43 @@ double bench_probe_stream(bench_probe *p, double bytes) {
         done += c.bytes;
     }
     return (double)done / (time_now() - t0) / 1e9;
+}
+
+/* Threads 0 and 1 of the probe's pool hand a counter back and forth through one cache line:
+ * thread 0 writes 2i+1, thread 1 answers 2i+2, RTT_ROUNDS times; thread 0 times the rounds
+ * after the first RTT_WARM (by then both run). No pause in the spins: each wait is one hop. */
+#define RTT_ROUNDS 2000
+#define RTT_WARM 200
+typedef struct rtt_ctx {
+    _Alignas(64) _Atomic unsigned v;
+    char pad[64 - sizeof(unsigned)];
+    double seconds;
+} rtt_ctx;
+
+static void rtt_task(void *ctx, int ith, int nth) {
+    (void)nth;
+    rtt_ctx *c = ctx;
+    if (ith == 1)
+        for (unsigned i = 0; i < RTT_ROUNDS; i++) {
+            while (atomic_load_explicit(&c->v, memory_order_acquire) != 2 * i + 1) {}
+            atomic_store_explicit(&c->v, 2 * i + 2, memory_order_release);
+        }
+    if (ith != 0) return;
+    double t0 = 0;
+    for (unsigned i = 0; i < RTT_ROUNDS; i++) {
+        if (i == RTT_WARM) t0 = time_now();
+        atomic_store_explicit(&c->v, 2 * i + 1, memory_order_release);
+        while (atomic_load_explicit(&c->v, memory_order_acquire) != 2 * i + 2) {}
+    }
+    c->seconds = time_now() - t0;
+}
+
+double bench_probe_rtt(bench_probe *p) {
+    if (!p || pool_size(p->pool) < 2) return 0;
+    quiesce();
+    rtt_ctx c = {0};
+    pool_run(p->pool, rtt_task, &c);
+    return 1e9 * c.seconds / (RTT_ROUNDS - RTT_WARM);
 }
 
 void bench_probe_free(bench_probe *p) {
@@ -264,6 +302,12 @@ typedef struct paired_out {
     int phase_n[2][2];                /* steps in each */
     double ctl[2][3];  /* [path]: quartiles and median of the step's read rate over the load-only pass's, in % */
     double ctl_best[3]; /* the load-only pass's rate over the best pattern's: quartiles and median, in % */
+    /* by the threads' placement (bench_probe_rtt after each pair: "far" where the round trip is over
+     * BENCH_RTT_FAR_NS, i.e. the two threads on two core complexes): [path][near / far] median
+     * % of the best pattern and of the load-only pass, or -1; steps in each; the round trips' range */
+    double place[2][2], place_ctl[2][2], rtt_lo, rtt_hi;
+    int place_n[2][2];
+    double rate_place[2]; /* engine 1's tok/s / engine 0's per step, median [near / far], or -1 */
     bool same;
 } paired_out;
 
@@ -275,6 +319,7 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
     uint8_t want = 1;
     double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], y[100], pv[2][100], ms[2] = {0, 0};
     double cr[2][100], cb[100], step_bytes = 0; /* the steps' and the load-only pass's rates over it / the best pattern's */
+    double rt[100]; /* the round trip after each pair, ns */
     backend_stage tp0[2][BENCH_STAGES], tp1[2][BENCH_STAGES];
     int ntps = 0;
     const int V = eng[0]->m->hp.n_vocab;
@@ -310,6 +355,7 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
         }
         if (n_eng == 2) po->same = po->same && !memcmp(eng[0]->logits, eng[1]->logits, sizeof(float) * (size_t)V);
         double pat[BENCH_PATTERNS];
+        rt[i] = bench_probe_rtt(probe); /* the threads' placement, right after the pair */
         const double ps = bench_probe_stream(probe, step_bytes); /* the first engine's step's bytes, plain loads */
         const double pb = bench_probe_run(probe, 1, pat);
         cb[i] = 100.0 * ps / pb;
@@ -322,13 +368,13 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
         if (n_eng == 2) x[i] = r[1][i] / r[0][i], y[i] = t[1][i] / t[0][i];
         for (int k = 0; trace && k < n_eng; k++) { /* one table row per step: the probe after the pair, each stage's ms */
             if (i == 0 && k == 0) {
-                printf("\n| trace: path | step | probe GB/s | pass GB/s | step GB/s | step ms |");
+                printf("\n| trace: path | step | probe GB/s | pass GB/s | rtt ns | step GB/s | step ms |");
                 for (int s = 0; s < ntps; s++) printf(" %s |", tp1[k][s].name);
-                printf("\n|---|---:|---:|---:|---:|---:|");
+                printf("\n|---|---:|---:|---:|---:|---:|---:|");
                 for (int s = 0; s < ntps; s++) printf("---:|");
                 printf("\n");
             }
-            printf("| %s | %d | %.1f | %.1f | %.1f | %.2f |", names[k], i, pb, ps, gbs[k], ms[k]);
+            printf("| %s | %d | %.1f | %.1f | %.0f | %.1f | %.2f |", names[k], i, pb, ps, rt[i], gbs[k], ms[k]);
             for (int s = 0; s < ntps; s++) printf(" %.3f |", 1e3 * (tp1[k][s].seconds - tp0[k][s].seconds));
             printf("\n");
         }
@@ -346,6 +392,28 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
             ph[h][m[h]++] = r[k][i];
         }
         for (int h = 0; h < 2; h++) po->phase[k][h] = m[h] ? median(ph[h], m[h]) : -1.0, po->phase_n[k][h] = m[h];
+    }
+    po->rtt_lo = 1e300, po->rtt_hi = 0.0;
+    for (int i = 0; i < n; i++) po->rtt_lo = DT_MIN(po->rtt_lo, rt[i]), po->rtt_hi = DT_MAX(po->rtt_hi, rt[i]);
+    for (int k = 0; k < n_eng; k++) {
+        double ph[2][100], pc[2][100];
+        int m[2] = {0, 0};
+        for (int i = 0; i < n; i++) {
+            const int h = rt[i] > BENCH_RTT_FAR_NS;
+            ph[h][m[h]] = r[k][i], pc[h][m[h]++] = cr[k][i];
+        }
+        for (int h = 0; h < 2; h++) {
+            po->place[k][h] = m[h] ? median(ph[h], m[h]) : -1.0;
+            po->place_ctl[k][h] = m[h] ? median(pc[h], m[h]) : -1.0;
+            po->place_n[k][h] = m[h];
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        double yy[100];
+        int m = 0;
+        for (int i = 0; i < n && n_eng == 2; i++)
+            if ((rt[i] > BENCH_RTT_FAR_NS) == h) yy[m++] = y[i];
+        po->rate_place[h] = m ? median(yy, m) : -1.0;
     }
     for (int k = 0; k < n_eng; k++) {
         for (int j = 0; j < BENCH_PATTERNS; j++) po->by_pattern[k][j] = median(rp[k][j], n);
@@ -602,6 +670,17 @@ static void cpu_describe(char *buf, size_t cap) {
     snprintf(buf, cap, "%s (%s family %s model %s), %d CPUs online", name, vendor, fam, mod, cli_default_threads(1 << 20));
 }
 
+/* The per-step tok/s ratio of a paired run's two engines by the threads' placement (paired_out). */
+static void print_placement_ratio(const paired_out *po) {
+    printf("by the threads' placement (round trip %.0f–%.0f ns; far: over %d): ", po->rtt_lo, po->rtt_hi, BENCH_RTT_FAR_NS);
+    for (int h = 0; h < 2; h++) {
+        printf("%s%s: ", h ? "; " : "", h ? "far" : "near");
+        if (po->rate_place[h] >= 0) printf("ratio %.3f (%d steps)", po->rate_place[h], po->place_n[1][h]);
+        else printf("no steps");
+    }
+    printf("\n");
+}
+
 /* --forms: n solo steps of one stream in near-far and in each other one-token stream form
  * (cpu/prefetch.h), in one process, each pair back to back in alternating order (paired_run);
  * prints each form's per-step tok/s ratio to near-far (the fairest A/B this VM allows: the phases
@@ -630,6 +709,10 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
         printf("| %s | %s | %.2f | %.0f%% (%.0f–%.0f%%) | %.2f, %.0f%% | %.3f (%.3f–%.3f) | %s |\n", cpu_stream_name(f),
                ef[f]->be->describe(ef[f]->be_state), po[f].tps[1], po[f].q[1][1], po[f].q[1][0], po[f].q[1][2],
                po[f].tps[0], po[f].q[0][1], po[f].rate_q[1], po[f].rate_q[0], po[f].rate_q[2], po[f].same ? "yes" : "NO");
+    for (int f = 1; f < CPU_STREAM_COUNT; f++) {
+        printf("%s / %s ", cpu_stream_name(f), cpu_stream_name(CPU_STREAM_NEAR_FAR));
+        print_placement_ratio(&po[f]);
+    }
     rc = 0;
 done:
     for (int f = 0; f < CPU_STREAM_COUNT; f++) engine_free(ef[f]);
@@ -659,6 +742,7 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
            " step: %s\n",
            n, was, bytes, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
            po.rate_q[1], po.rate_q[0], po.rate_q[2], po.same ? "yes" : "NO");
+    print_placement_ratio(&po);
     rc = 0;
 done:
     for (int k = 0; k < 2; k++) engine_free(ea[k]);
@@ -840,6 +924,17 @@ int bench_cmd(int argc, char **argv) {
             for (int h = 0; h < 2; h++) {
                 printf("%s %s %s: ", h ? "," : k ? ";" : "", k ? "unify" : "solo", h ? "above" : "below");
                 if (po.phase_n[k][h]) printf("%.0f%% (%d steps)", po.phase[k][h], po.phase_n[k][h]);
+                else printf("no steps");
+            }
+        printf("\n");
+        printf("\nby the threads' placement (a cache line's round trip between two probe threads right after each pair, %.0f–%.0f"
+               " ns; far: over %d ns, the threads on two core complexes):", po.rtt_lo, po.rtt_hi, BENCH_RTT_FAR_NS);
+        for (int k = 0; k < 2; k++)
+            for (int h = 0; h < 2; h++) {
+                printf("%s %s %s: ", h ? "," : k ? ";" : "", k ? "unify" : "solo", h ? "far" : "near");
+                if (po.place_n[k][h])
+                    printf("%.0f%% of the best pattern, %.0f%% of the pass (%d steps)", po.place[k][h], po.place_ctl[k][h],
+                           po.place_n[k][h]);
                 else printf("no steps");
             }
         printf("\n");

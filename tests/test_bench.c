@@ -66,6 +66,20 @@ int main(void) {
     }
     CHECK(ph && steps[0] + steps[1] == 3 && steps[2] + steps[3] == 3,
           "phase split: %d + %d solo, %d + %d unify steps, want 3 each", steps[0], steps[1], steps[2], steps[3]);
+    /* the placement split: the threads' round trip after each pair, and every path's 3 steps near or far */
+    const char *pl = strstr(out, "by the threads' placement (a cache line's round trip between two probe threads");
+    const char *pr = pl ? strstr(pl, "right after each pair, ") : NULL;
+    const double rtt_lo = pr ? atof(pr + strlen("right after each pair, ")) : 0.0;
+    int place[4] = {0, 0, 0, 0};
+    const char *pkeys[4] = {"solo near: ", "solo far: ", "unify near: ", "unify far: "};
+    for (int i = 0; i < 4 && pl; i++) {
+        const char *k = strstr(pl, pkeys[i]);
+        const char *paren = k ? strchr(k, '(') : NULL;
+        if (k && strncmp(k + strlen(pkeys[i]), "no steps", 8) && paren) place[i] = atoi(paren + 1);
+    }
+    CHECK(pl && rtt_lo > 0.0 && place[0] + place[1] == 3 && place[2] + place[3] == 3,
+          "placement split: round trip from %g ns, %d + %d solo, %d + %d unify steps, want 3 each", rtt_lo, place[0],
+          place[1], place[2], place[3]);
     /* --trace: one row per paired step and path (3 steps x solo, unify), right after its header */
     int trace_rows = 0;
     const char *q = strstr(out, "\n| trace: path |");
