@@ -31,6 +31,16 @@ static int run_bench(int argc, char **argv, char *buf, size_t cap) {
     return rc;
 }
 
+/* The step counts of a paired split's four parts in the line from `from` on: after each key,
+ * "… (N steps)" or "no steps" (0); all 0 where from is NULL. */
+static void split_steps(const char *from, const char *const keys[4], int steps[4]) {
+    for (int i = 0; i < 4; i++) {
+        const char *k = from ? strstr(from, keys[i]) : NULL;
+        const char *paren = k ? strchr(k, '(') : NULL;
+        steps[i] = k && strncmp(k + strlen(keys[i]), "no steps", 8) && paren ? atoi(paren + 1) : 0;
+    }
+}
+
 int main(void) {
     static char out[1 << 16];
     char *ok[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1,2", "--prompt-len", "8",
@@ -57,26 +67,18 @@ int main(void) {
           "paired batches: row 0 of a 2-stream batch equals the solo stream bitwise (%s)", cells);
     /* the phase split: every path's 3 steps fall below or above the probes' midpoint */
     const char *ph = strstr(out, "by the probe right after each pair, split at ");
-    int steps[4] = {0, 0, 0, 0};
-    const char *keys[4] = {"solo below: ", "solo above: ", "unify below: ", "unify above: "};
-    for (int i = 0; i < 4 && ph; i++) {
-        const char *q = strstr(ph, keys[i]);
-        const char *paren = q ? strchr(q, '(') : NULL;
-        if (q && strncmp(q + strlen(keys[i]), "no steps", 8) && paren) steps[i] = atoi(paren + 1);
-    }
+    const char *const keys[4] = {"solo below: ", "solo above: ", "unify below: ", "unify above: "};
+    int steps[4];
+    split_steps(ph, keys, steps);
     CHECK(ph && steps[0] + steps[1] == 3 && steps[2] + steps[3] == 3,
           "phase split: %d + %d solo, %d + %d unify steps, want 3 each", steps[0], steps[1], steps[2], steps[3]);
     /* the placement split: the threads' round trip after each pair, and every path's 3 steps near or far */
     const char *pl = strstr(out, "by the threads' placement (a cache line's round trip between two probe threads");
     const char *pr = pl ? strstr(pl, "right after each pair, ") : NULL;
     const double rtt_lo = pr ? atof(pr + strlen("right after each pair, ")) : 0.0;
-    int place[4] = {0, 0, 0, 0};
-    const char *pkeys[4] = {"solo near: ", "solo far: ", "unify near: ", "unify far: "};
-    for (int i = 0; i < 4 && pl; i++) {
-        const char *k = strstr(pl, pkeys[i]);
-        const char *paren = k ? strchr(k, '(') : NULL;
-        if (k && strncmp(k + strlen(pkeys[i]), "no steps", 8) && paren) place[i] = atoi(paren + 1);
-    }
+    const char *const pkeys[4] = {"solo near: ", "solo far: ", "unify near: ", "unify far: "};
+    int place[4];
+    split_steps(pl, pkeys, place);
     CHECK(pl && rtt_lo > 0.0 && place[0] + place[1] == 3 && place[2] + place[3] == 3,
           "placement split: round trip from %g ns, %d + %d solo, %d + %d unify steps, want 3 each", rtt_lo, place[0],
           place[1], place[2], place[3]);
