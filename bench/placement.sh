@@ -4,5 +4,6 @@
 set -eu
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-${CC:-cc} -std=c11 -O2 -Wall -Wextra -Werror -pthread -o "$T/placement" "$(dirname "$0")/placement.c"
+D=$(dirname "$0")
+${CC:-cc} -std=c11 -O2 -Wall -Wextra -Werror -pthread -iquote "$D/../src" -o "$T/placement" "$D/placement.c"
 "$T/placement" "${1:-150}" ${2:-}

@@ -125,8 +125,7 @@ double bench_probe_stream(bench_probe *p, double bytes) {
 #define RTT_WARM 200
 typedef struct rtt_ctx {
     _Alignas(64) _Atomic unsigned v;
-    char pad[64 - sizeof(unsigned)];
-    double seconds;
+    double seconds; /* thread 0's, once the rounds are over */
 } rtt_ctx;
 
 static void rtt_task(void *ctx, int ith, int nth) {
@@ -304,9 +303,9 @@ typedef struct paired_out {
     double ctl_best[3]; /* the load-only pass's rate over the best pattern's: quartiles and median, in % */
     /* by the threads' placement (bench_probe_rtt after each pair: "far" where the round trip is over
      * BENCH_RTT_FAR_NS, i.e. the two threads on two core complexes): [path][near / far] median
-     * % of the best pattern and of the load-only pass, or -1; steps in each; the round trips' range */
+     * % of the best pattern and of the load-only pass, or -1; the pairs in each; the round trips' range */
     double place[2][2], place_ctl[2][2], rtt_lo, rtt_hi;
-    int place_n[2][2];
+    int place_n[2];
     double rate_place[2]; /* engine 1's tok/s / engine 0's per step, median [near / far], or -1 */
     bool same;
 } paired_out;
@@ -320,6 +319,7 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
     double r[2][100], t[2][100], rp[2][BENCH_PATTERNS][100], x[100], y[100], pv[2][100], ms[2] = {0, 0};
     double cr[2][100], cb[100], step_bytes = 0; /* the steps' and the load-only pass's rates over it / the best pattern's */
     double rt[100]; /* the round trip after each pair, ns */
+    int far[100];   /* rt[i] > BENCH_RTT_FAR_NS */
     backend_stage tp0[2][BENCH_STAGES], tp1[2][BENCH_STAGES];
     int ntps = 0;
     const int V = eng[0]->m->hp.n_vocab;
@@ -356,6 +356,7 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
         if (n_eng == 2) po->same = po->same && !memcmp(eng[0]->logits, eng[1]->logits, sizeof(float) * (size_t)V);
         double pat[BENCH_PATTERNS];
         rt[i] = bench_probe_rtt(probe); /* the threads' placement, right after the pair */
+        far[i] = rt[i] > BENCH_RTT_FAR_NS;
         const double ps = bench_probe_stream(probe, step_bytes); /* the first engine's step's bytes, plain loads */
         const double pb = bench_probe_run(probe, 1, pat);
         cb[i] = 100.0 * ps / pb;
@@ -395,25 +396,21 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
     }
     po->rtt_lo = 1e300, po->rtt_hi = 0.0;
     for (int i = 0; i < n; i++) po->rtt_lo = DT_MIN(po->rtt_lo, rt[i]), po->rtt_hi = DT_MAX(po->rtt_hi, rt[i]);
-    for (int k = 0; k < n_eng; k++) {
-        double ph[2][100], pc[2][100];
-        int m[2] = {0, 0};
-        for (int i = 0; i < n; i++) {
-            const int h = rt[i] > BENCH_RTT_FAR_NS;
-            ph[h][m[h]] = r[k][i], pc[h][m[h]++] = cr[k][i];
-        }
-        for (int h = 0; h < 2; h++) {
-            po->place[k][h] = m[h] ? median(ph[h], m[h]) : -1.0;
-            po->place_ctl[k][h] = m[h] ? median(pc[h], m[h]) : -1.0;
-            po->place_n[k][h] = m[h];
-        }
-    }
     for (int h = 0; h < 2; h++) {
-        double yy[100];
+        double ph[2][100], pc[2][100], yy[100];
         int m = 0;
-        for (int i = 0; i < n && n_eng == 2; i++)
-            if ((rt[i] > BENCH_RTT_FAR_NS) == h) yy[m++] = y[i];
-        po->rate_place[h] = m ? median(yy, m) : -1.0;
+        for (int i = 0; i < n; i++) {
+            if (far[i] != h) continue;
+            for (int k = 0; k < n_eng; k++) ph[k][m] = r[k][i], pc[k][m] = cr[k][i];
+            if (n_eng == 2) yy[m] = y[i];
+            m++;
+        }
+        po->place_n[h] = m;
+        for (int k = 0; k < n_eng; k++) {
+            po->place[k][h] = m ? median(ph[k], m) : -1.0;
+            po->place_ctl[k][h] = m ? median(pc[k], m) : -1.0;
+        }
+        po->rate_place[h] = m && n_eng == 2 ? median(yy, m) : -1.0;
     }
     for (int k = 0; k < n_eng; k++) {
         for (int j = 0; j < BENCH_PATTERNS; j++) po->by_pattern[k][j] = median(rp[k][j], n);
@@ -675,7 +672,7 @@ static void print_placement_ratio(const paired_out *po) {
     printf("by the threads' placement (round trip %.0f–%.0f ns; far: over %d): ", po->rtt_lo, po->rtt_hi, BENCH_RTT_FAR_NS);
     for (int h = 0; h < 2; h++) {
         printf("%s%s: ", h ? "; " : "", h ? "far" : "near");
-        if (po->rate_place[h] >= 0) printf("ratio %.3f (%d steps)", po->rate_place[h], po->place_n[1][h]);
+        if (po->rate_place[h] >= 0) printf("ratio %.3f (%d steps)", po->rate_place[h], po->place_n[h]);
         else printf("no steps");
     }
     printf("\n");
@@ -932,9 +929,9 @@ int bench_cmd(int argc, char **argv) {
         for (int k = 0; k < 2; k++)
             for (int h = 0; h < 2; h++) {
                 printf("%s %s %s: ", h ? "," : k ? ";" : "", k ? "unify" : "solo", h ? "far" : "near");
-                if (po.place_n[k][h])
+                if (po.place_n[h])
                     printf("%.0f%% of the best pattern, %.0f%% of the pass (%d steps)", po.place[k][h], po.place_ctl[k][h],
-                           po.place_n[k][h]);
+                           po.place_n[h]);
                 else printf("no steps");
             }
         printf("\n");

@@ -25,12 +25,11 @@ double bench_probe_run(bench_probe *p, int reps, double by_pattern[BENCH_PATTERN
  * bench_probe_run lasts one buffer's read. 0 if p is NULL. */
 double bench_probe_stream(bench_probe *p, double bytes);
 /* The round trip, in ns, of a cache line handed from thread 0 of the probe's pool to thread 1
- * and back (their cores' distance: on this project's VM the two vCPUs sit on one core complex
- * (~50-140 ns) or on two (~250-800 ns), and in the second placement the machine reads ~1.5x
- * faster — the "fast phases"; bench/cpu-speed.md, thirty-fourth session). 0 with one thread. */
+ * and back: their cores' distance. 0 with one thread. */
 double bench_probe_rtt(bench_probe *p);
-/* The round trip above which the bench calls two threads "far" (on two core complexes): this VM's
- * two placements read 50-160 ns and 250-830 ns. */
+/* The round trip above which the bench calls two threads "far" (on two core complexes): on this
+ * project's VM the two vCPUs read 50-160 ns on one complex and 250-830 ns on two, where the
+ * machine reads ~1.5x faster — its "fast phases" (bench/cpu-speed.md, thirty-fourth session). */
 #define BENCH_RTT_FAR_NS 200
 void bench_probe_free(bench_probe *p);
 
