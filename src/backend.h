@@ -26,6 +26,8 @@ typedef struct backend_opts {
     int cpu_stream; /* one-token kernels' weight stream form: -1 = this host's (enum cpu_stream otherwise) */
     long cpu_ahead; /* bytes of the next gemm stage a waiting CPU thread requests: -1 = CPU_AHEAD_BYTES */
     bool profile;   /* time every stage of the step (see backend_ops.profile) */
+    bool cpu_unfused; /* SwiGLU and the attention output's quantization as stages of their own (the fused
+                       * forms' reference: the same bytes, for tests and bench A/B) */
 } backend_opts;
 
 /* Wall time and weight bytes of one stage of the step, summed over all forward calls. */

@@ -716,28 +716,25 @@ done:
     return rc;
 }
 
-/* --ahead-ab B: n solo steps of one stream with the run's requests ahead (--ahead, or the
- * default) and with B bytes, paired as --forms pairs the stream forms. */
-static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, ditto_err *err) {
+/* n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
+ * stream forms; what: the question, a / b: A's and B's setting. Prints B against A. */
+static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
+                       const char *b, bench_probe *probe, int plen, int n, ditto_err *err) {
     engine *ea[2] = {NULL, NULL};
     int rc = -1;
     for (int k = 0; k < 2; k++) {
-        engine_opts o = *base;
+        engine_opts o = k ? *vb : *va;
         o.max_streams = 1, o.unify = false, o.profile = false;
-        if (k) o.cpu_ahead = bytes;
         if (engine_create(&ea[k], m, &o, err)) goto done;
     }
     paired_out po;
-    const char *const names[2] = {"ahead run", "ahead B"};
+    const char *const names[2] = {"A", "B"};
     if (paired_run(ea, names, 2, probe, plen, n, false, &po, err) < 0) goto done;
-    char was[32];
-    if (base->cpu_ahead < 0) snprintf(was, sizeof was, "the default, %d", CPU_AHEAD_BYTES);
-    else snprintf(was, sizeof was, "%ld", base->cpu_ahead);
-    printf("\nrequests ahead (%d solo steps with %s bytes and with %ld, each pair back to back in alternating order and"
-           " followed by one probe pass): %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
-           " %.2f against %.2f; per-step tok/s ratio, median %.3f (quartiles %.3f–%.3f); logits bitwise equal at every"
-           " step: %s\n",
-           n, was, bytes, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
+    printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order and followed by one"
+           " probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
+           " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); logits bitwise equal at"
+           " every step: %s\n",
+           what, n, a, b, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
            po.rate_q[1], po.rate_q[0], po.rate_q[2], po.same ? "yes" : "NO");
     print_placement_ratio(&po);
     rc = 0;
@@ -746,10 +743,29 @@ done:
     return rc;
 }
 
+/* --ahead-ab B: the run's requests ahead (--ahead, or the default) against B bytes. */
+static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, ditto_err *err) {
+    engine_opts vb = *base;
+    vb.cpu_ahead = bytes;
+    char a[48], b[32];
+    if (base->cpu_ahead < 0) snprintf(a, sizeof a, "with the default %d bytes", CPU_AHEAD_BYTES);
+    else snprintf(a, sizeof a, "with %ld bytes", base->cpu_ahead);
+    snprintf(b, sizeof b, "with %ld", bytes);
+    return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, err);
+}
+
+/* --unfused-ab: SwiGLU and the attention output's quantization as stages of their own (A)
+ * against fused into their neighbours (B, the engine's way). */
+static int unfused_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, ditto_err *err) {
+    engine_opts va = *base;
+    va.cpu_unfused = true;
+    return opts_ab_run(m, &va, base, "small stages fused", "unfused", "fused", probe, plen, n, err);
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
-    bool unify = false, profile = false, trace = false, forms = false;
+    bool unify = false, profile = false, trace = false, forms = false, unfused_ab = false;
     int ahead = -1, ahead_ab = -1, chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -780,8 +796,9 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
+        else if (!strcmp(a, "--unfused-ab")) unfused_ab = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--unfused-ab]] [--ahead B] [--profile]\n");
             return 2;
         }
     }
@@ -966,6 +983,7 @@ int bench_cmd(int argc, char **argv) {
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, &err) < 0) goto fail;
+    if (paired && unfused_ab && unfused_run(m, &o, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

@@ -31,7 +31,7 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
         return -1;
     }
     e->be = &cpu_backend_ops;
-    backend_opts bo = {o->n_threads, o->max_rows, o->cpu_level, o->cpu_stream, o->cpu_ahead, o->profile};
+    backend_opts bo = {o->n_threads, o->max_rows, o->cpu_level, o->cpu_stream, o->cpu_ahead, o->profile, o->cpu_unfused};
     if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {
         kv_arena_free(e->kv);
         free(e);

@@ -1,6 +1,7 @@
 /* test_synth_run.c — ditto loads and runs every geometry synth writes (odd heads,
  * one layer, experts-used 1 and all, dense qwen3, each type) with finite logits,
- * and batched decode equals solo decode on them. */
+ * and batched decode equals solo decode on them, with SwiGLU and the attention
+ * output's quantization fused into their neighbours' stages and as stages apart. */
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,9 +25,11 @@ static const geo geos[] = {
     {"dense qwen3 q4_k_m", 2, 256, 4, 2, 64, 0, 0, 0, 512, SYNTH_Q4_K_M},
     {"dense qwen3 q8_0, 5 heads", 3, 320, 5, 5, 64, 0, 0, 0, 224, SYNTH_Q8_0},
     {"q5_k_m, expert ffn 96 (Q8_0 experts)", 2, 256, 4, 2, 64, 8, 2, 96, 0, SYNTH_Q5_K_M},
+    {"groups of 4 heads q4_k_m, expert ffn 768", 2, 256, 8, 2, 64, 8, 2, 768, 0, SYNTH_Q4_K_M},
 };
 
-/* Greedy tokens + step hashes of one prompt alone (1 slot) and beside 3 others (4 slots, 2 threads). */
+/* Greedy tokens + step hashes of one prompt alone (1 slot, 1 thread), beside 3 others (4 slots, 2
+ * threads) and beside them unfused (3 threads). */
 static void run_model(const char *path, const char *name) {
     model *m;
     ditto_err err;
@@ -35,14 +38,15 @@ static void run_model(const char *path, const char *name) {
         return;
     }
     int32_t prompts[4][6] = {{1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 11, 12}, {100, 200, 300, 400, 500, 600}, {5, 4, 3, 2, 1, 0}};
-    uint64_t solo_h[8], h[8];
-    int32_t solo_t[8], t[8];
+    uint64_t h[3][8];
+    int32_t t[3][8];
     bool finite = true;
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < 3; mode++) {
         engine_opts o;
         engine_opts_default(&o);
         o.max_streams = mode ? 4 : 1;
-        o.n_threads = mode ? 2 : 1;
+        o.n_threads = mode + 1;
+        o.cpu_unfused = mode == 2;
         o.ctx = 32;
         o.max_rows = 16;
         engine *e;
@@ -70,17 +74,20 @@ static void run_model(const char *path, const char *name) {
                 if (!isfinite(lg[v])) finite = false;
         }
         int got;
-        sched_stream_read(s, hs[0], mode ? t : solo_t, 8, &got, 0);
+        sched_stream_read(s, hs[0], t[mode], 8, &got, 0);
         CHECK(got == 8, "%s: got %d tokens", name, got);
-        sched_stream_hashes(s, hs[0], mode ? h : solo_h, 8);
+        sched_stream_hashes(s, hs[0], h[mode], 8);
         for (int i = 0; i < n; i++) sched_stream_release(s, hs[i]);
         sched_free(s);
         engine_free(e);
     }
     CHECK(finite, "%s: non-finite logits", name);
-    CHECK(memcmp(solo_h, h, sizeof h) == 0 && memcmp(solo_t, t, sizeof t) == 0, "%s: batched != solo", name);
-    printf("%-32s loads, runs, finite logits, batched == solo: %s\n", name,
-           finite && memcmp(solo_h, h, sizeof h) == 0 ? "yes" : "NO");
+    const bool batched = !memcmp(h[0], h[1], sizeof h[0]) && !memcmp(t[0], t[1], sizeof t[0]);
+    const bool unfused = !memcmp(h[1], h[2], sizeof h[0]) && !memcmp(t[1], t[2], sizeof t[0]);
+    CHECK(batched, "%s: batched != solo", name);
+    CHECK(unfused, "%s: unfused != fused", name);
+    printf("%-42s loads, runs, finite logits, batched == solo: %s, unfused == fused: %s\n", name,
+           finite && batched ? "yes" : "NO", unfused ? "yes" : "NO");
     model_free(m);
 }
 
