@@ -66,7 +66,7 @@ static void score_sub(int nh, const float *q, int hd, const fp16_t *kg, int j0, 
  * group PF_K_NEAR ahead is requested into L1 and the one PF_K_FAR ahead into L2 (past K's
  * last group, V's first rows, which the PV pass reads next). */
 static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
-                   size_t ss) {
+                   size_t ss, attn_side *side) {
     const __m256 vscale = _mm256_set1_ps(scale);
     const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
     const int ngr = (n + KV_POS_GROUP - 1) / KV_POS_GROUP, lines = hd / 2;
@@ -79,6 +79,7 @@ static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t
             for (int l = 0; l < lines; l++) _mm_prefetch(kf + 64 * l, _MM_HINT_T1);
         }
         const fp16_t *kg = K + (size_t)g * gs;
+        for (int l = 0; l < lines; l++) attn_side_req(side);
         for (int h = 0; h < nh; h += HSUB)
             score_sub(DT_MIN(HSUB, nh - h), q + (size_t)h * hd, hd, kg, g * KV_POS_GROUP, n, vscale, s + (size_t)h * ss, ss);
     }
@@ -108,7 +109,7 @@ static float chunk_exp(float *s, int len, float m) {
  * 64-byte line of a row, that line's bytes one chunk ahead (into L1) and two chunks ahead (into
  * L2) are requested, while they lie before position n. */
 AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, int v0,
-                 const float *w, float *O) {
+                 const float *w, float *O, attn_side *side) {
     __m256 oc[HSET];
     _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) oc[h] = _mm256_setzero_ps();
     const bool line = v0 % 4 == 0;
@@ -116,6 +117,7 @@ AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j
         const fp16_t *vj = V + (size_t)j * hd + 8 * v0;
         if (line && j + PF_V_NEAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_NEAR * hd), ATT2_NEAR_HINT);
         if (line && j + PF_V_FAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_FAR * hd), _MM_HINT_T1);
+        if (line) attn_side_req(side);
         const __m256 vv = ld8h(vj);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
             oc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)h * ss + j), vv, oc[h]);
@@ -127,9 +129,9 @@ AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j
 }
 
 #define PV_CASE(NH) \
-    case NH: pv_block(NH, p, ss, V, j0, j1, n, hd, v0, w, O); break
+    case NH: pv_block(NH, p, ss, V, j0, j1, n, hd, v0, w, O, side); break
 static void pv(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, int v0, const float *w,
-               float *O) {
+               float *O, attn_side *side) {
     switch (nh) {
         PV_CASE(1); PV_CASE(2); PV_CASE(3); PV_CASE(4); PV_CASE(5); PV_CASE(6); PV_CASE(7); PV_CASE(8);
     default: DT_ASSERT(0);
@@ -138,8 +140,8 @@ static void pv(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j
 
 /* Every 8-dim vector of the chunk, for all the set's heads at once. */
 static void pv_chunk(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, const float *w,
-                     float *O) {
-    for (int v0 = 0; v0 < hd / 8; v0++) pv(nh, p, ss, V, j0, j1, n, hd, v0, w, O);
+                     float *O, attn_side *side) {
+    for (int v0 = 0; v0 < hd / 8; v0++) pv(nh, p, ss, V, j0, j1, n, hd, v0, w, O, side);
 }
 
 static void div_rows(float *O, int nh, int hd, const float *L) {
@@ -158,7 +160,7 @@ static const attn_chunked_ops ops_avx2 = {
 };
 
 void attn_group_avx2(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale, float *out,
-                     float *scratch) {
+                     float *scratch, attn_side *side) {
     DT_ASSERT(hd % 8 == 0 && ng >= 1);
-    attn_chunked(&ops_avx2, q, ng, K, V, pos, hd, scale, out, scratch);
+    attn_chunked(&ops_avx2, q, ng, K, V, pos, hd, scale, out, scratch, side);
 }
