@@ -27,8 +27,6 @@ typedef struct backend_opts {
     long cpu_ahead; /* bytes of the next gemm stage a waiting CPU thread requests: -1 = CPU_AHEAD_BYTES */
     long cpu_side;  /* bytes more of the o projection a CPU thread requests during attention: -1 = CPU_SIDE_BYTES */
     bool profile;   /* time every stage of the step (see backend_ops.profile) */
-    bool cpu_unfused; /* SwiGLU and the attention output's quantization as stages of their own (the fused
-                       * forms' reference: the same bytes, for tests and bench A/B) */
 } backend_opts;
 
 /* Wall time and weight bytes of one stage of the step, summed over all forward calls. */

@@ -764,18 +764,11 @@ static int side_run(model *m, const engine_opts *base, long bytes, bench_probe *
     return opts_ab_run(m, base, &vb, "requests during attention", a, b, probe, plen, n, err);
 }
 
-/* --unfused-ab: SwiGLU and the attention output's quantization as stages of their own (A)
- * against fused into their neighbours (B, the engine's way). */
-static int unfused_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, ditto_err *err) {
-    engine_opts va = *base;
-    va.cpu_unfused = true;
-    return opts_ab_run(m, &va, base, "small stages fused", "unfused", "fused", probe, plen, n, err);
-}
 
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
-    bool unify = false, profile = false, trace = false, forms = false, unfused_ab = false;
+    bool unify = false, profile = false, trace = false, forms = false;
     int ahead = -1, ahead_ab = -1, side_ab = -1, chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -808,9 +801,8 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
-        else if (!strcmp(a, "--unfused-ab")) unfused_ab = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--side-ab B] [--unfused-ab]] [--ahead B] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--side-ab B]] [--ahead B] [--profile]\n");
             return 2;
         }
     }
@@ -996,7 +988,6 @@ int bench_cmd(int argc, char **argv) {
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, &err) < 0) goto fail;
     if (paired && side_ab >= 0 && side_run(m, &o, side_ab, probe, plen, paired, &err) < 0) goto fail;
-    if (paired && unfused_ab && unfused_run(m, &o, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

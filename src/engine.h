@@ -20,7 +20,6 @@ typedef struct engine_opts {
     long cpu_side;     /* -1: the default (cpu/prefetch.h, CPU_SIDE_BYTES) */
     bool unify;        /* route lone decode rows through the batched path too */
     bool profile;      /* per-stage step timings (backend_ops.profile), for ditto bench */
-    bool cpu_unfused;  /* backend_opts.cpu_unfused (default false) */
 } engine_opts;
 
 typedef struct engine {

@@ -49,14 +49,7 @@ typedef struct gemm_job {
     size_t out_stride;
     int unit_rows;      /* rows per work unit */
     size_t unit_stride; /* weight bytes from one unit to the next */
-    int fin;            /* gate/up job: its st->fins entry (SwiGLU fused into the stage), else -1 */
 } gemm_job;
-
-/* The pairs [p0, p0 + np) whose SwiGLU inputs a gate job and an up job write (rows [p0 + t] of
- * st->g / st->u for their token t), done block by block inside the stage (fin_rows). */
-typedef struct ffn_fin {
-    int p0, np;
-} ffn_fin;
 
 /* What one thread requests into its L2 while it waits in the pool (pool_run_idle): the first
  * CPU_AHEAD_BYTES of its own segment of the gemm stage that comes next, in the order its kernel
@@ -117,13 +110,6 @@ typedef struct cpu_state {
     gemm_job jobs[MAX_JOBS];
     int n_jobs;
     int job_unit0[MAX_JOBS + 1];            /* first global unit of each job; [n_jobs] = total */
-    bool unfused;                           /* SwiGLU and the attention output's quantization as stages */
-    ffn_fin fins[MAX_JOBS];                 /* the running gate/up stage's pair groups */
-    int n_fins;
-    enum quant_act fin_act;                 /* the down projection's activation format, */
-    int fin_bw, fin_nblk;                   /* ... its block width (F for f32) and blocks per row of F */
-    int *fin_cnt;                           /* [nth][fin_stride]: [p0 * fin_nblk + b] gate + up rows of block b */
-    size_t fin_stride;                      /* ... each thread counted (its own lines) */
     claim_set claim;                        /* the units of the running jobs, over the threads */
     cpu_next warm;                          /* inputs of the stage after the running jobs (thread 0 runs it) */
     ahead_thr *ahead[2];                    /* [nth] each: the plan published to the pool, and the next */
@@ -168,30 +154,12 @@ static void act_set_free(act_set *a) {
     free(a->q256);
 }
 
-/* Columns [off, off + len) of row r (src: the row's floats; off and len whole blocks of every
- * format in mask) into every format in mask (bit = enum quant_act). Blocks are quantized
- * independently, so a row done in parts holds the bytes of the row done at once. */
-static void act_part(const cpu_state *st, act_set *a, const float *src, int r, unsigned mask, int off, int len) {
-    if ((mask & (1u << QA_Q8_32)) && a->q32) {
-        DT_ASSERT(off % QK32 == 0 && len % QK32 == 0);
-        cpu_quant_act_row(QA_Q8_32, src + off, a->q32 + (size_t)r * a->b32 + quant_act_bytes(QA_Q8_32, off), len,
-                          st->level);
-    }
-    if ((mask & (1u << QA_Q8_256)) && a->q256) {
-        DT_ASSERT(off % QK_K == 0 && len % QK_K == 0);
-        cpu_quant_act_row(QA_Q8_256, src + off, a->q256 + (size_t)r * a->b256 + quant_act_bytes(QA_Q8_256, off), len,
-                          st->level);
-    }
-}
-
-/* Row r of src (width floats) into every format in mask. */
+/* Quantizes row r of src (width floats) into every format in mask (bit = enum quant_act). */
 static void act_row(const cpu_state *st, act_set *a, const float *src, int r, unsigned mask) {
-    act_part(st, a, src, r, mask, 0, a->width);
-}
-
-/* Whether columns in runs of len floats are whole blocks of every format in mask that a holds. */
-static bool act_parts_fit(const act_set *a, unsigned mask, int len) {
-    return !((mask & (1u << QA_Q8_32)) && a->q32 && len % QK32) && !((mask & (1u << QA_Q8_256)) && a->q256 && len % QK_K);
+    if ((mask & (1u << QA_Q8_32)) && a->q32)
+        cpu_quant_act_row(QA_Q8_32, src, a->q32 + (size_t)r * a->b32, a->width, st->level);
+    if ((mask & (1u << QA_Q8_256)) && a->q256)
+        cpu_quant_act_row(QA_Q8_256, src, a->q256 + (size_t)r * a->b256, a->width, st->level);
 }
 
 static unsigned act_mask(const model_weight *w) { return 1u << quant_traits_of(w->type)->act; }
@@ -231,7 +199,6 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     const prep_weight *pw;
     j->w = job_weights(st, w, mat, n_tok, &j->unit_rows, &j->unit_stride, &pw);
     j->fn_nx = NULL;
-    j->fin = -1;
     if (pw && pw->repacked) {
         j->fn = NULL;
         j->fn_nx = st->gemm_rp[w->type];
@@ -248,49 +215,6 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
     j->out = out;
     j->out_stride = out_stride;
     st->weight_bytes += (uint64_t)w->rows * w->row_bytes;
-}
-
-/* ---- SwiGLU inside the gate/up stage ------------------------------------------------- */
-
-/* Block b (fin_bw columns of F) of fin f's pairs: h = silu(g) * u, quantized for the down
- * projection. Elementwise, and blocks quantize independently: the bytes do not depend on
- * which thread does a block or when. */
-static void fin_block(const cpu_state *st, const ffn_fin *f, int b) {
-    const int F = st->ffn, o = b * st->fin_bw;
-    for (int p = f->p0; p < f->p0 + f->np; p++) {
-        const size_t r = (size_t)p * (size_t)F;
-        st->swiglu(st->g + r + o, st->u + r + o, st->h + r + o, st->fin_bw);
-        act_part(st, (act_set *)&st->a_ff, st->h + r, p, 1u << st->fin_act, o, st->fin_bw);
-    }
-}
-
-static int *fin_counts(const cpu_state *st, int ith, const ffn_fin *f) {
-    return st->fin_cnt + (size_t)ith * st->fin_stride + (size_t)f->p0 * (size_t)st->fin_nblk;
-}
-
-/* Thread ith computed rows [r0, r1) of a gate or up job of fin fi: a block whose gate and up
- * rows this thread has now all computed is finished here, while its lines are in this core's
- * caches; the rest wait for fin_rest. */
-static void fin_rows(const cpu_state *st, int ith, int fi, int r0, int r1) {
-    const ffn_fin *f = &st->fins[fi];
-    int *cnt = fin_counts(st, ith, f);
-    const int bw = st->fin_bw;
-    for (int b = r0 / bw; b * bw < r1; b++) {
-        cnt[b] += DT_MIN(r1, (b + 1) * bw) - DT_MAX(r0, b * bw);
-        if (cnt[b] == 2 * bw) fin_block(st, f, b);
-    }
-}
-
-/* After the stage (the pool's return orders the threads' counts): the blocks no one thread
- * finished, on the calling thread. */
-static void fin_rest(cpu_state *st) {
-    for (int i = 0; i < st->n_fins; i++)
-        for (int b = 0; b < st->fin_nblk; b++) {
-            bool done = false;
-            for (int th = 0; th < st->nth && !done; th++) done = fin_counts(st, th, &st->fins[i])[b] == 2 * st->fin_bw;
-            if (!done) fin_block(st, &st->fins[i], b);
-        }
-    st->n_fins = 0;
 }
 
 /* The job holding unit u (hint: a nearby job index). */
@@ -350,8 +274,6 @@ static void jobs_task(void *ctx, int ith, int nth) {
     int a, b, ji = 0;
     bool own, first = true;
     const int end = claim_seg_end(&st->claim, ith);
-    for (int i = 0; i < st->n_fins; i++)
-        memset(fin_counts(st, ith, &st->fins[i]), 0, sizeof(int) * (size_t)st->fin_nblk);
     while (claim_next(&st->claim, ith, &a, &b, &own)) {
         if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji), true);
         first = false;
@@ -371,7 +293,6 @@ static void jobs_task(void *ctx, int ith, int nth) {
                 j->fn_nx(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride, &nx);
             else
                 j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
-            if (j->fin >= 0) fin_rows(st, ith, j->fin, r0, r1);
             u = e;
         }
     }
@@ -515,7 +436,6 @@ typedef struct step_ctx {
     const float *norm;
     int n_out;
     const int32_t *out_rows;
-    unsigned att_mask; /* attn_task quantizes each item's output in these formats (0: act_att_task does) */
 } step_ctx;
 
 static unsigned mask3(const step_ctx *c) {
@@ -623,8 +543,6 @@ static void attn_task(void *ctx, int ith, int nth) {
         const fp16_t *V = kv_ptr(st->kv, c->b->slot[r], c->layer, 1, kvh);
         size_t o = (size_t)r * H + (size_t)kvh * group * hd;
         st->attn(st->q + o, group, K, V, c->b->pos[r], hd, st->attn_scale, st->att + o, scratch, &sd);
-        if (c->att_mask)
-            act_part(st, &st->a_att, st->att + (size_t)r * H, r, c->att_mask, kvh * group * hd, group * hd);
     }
     ahead_side_done(st, ith, &sd, sd0);
 }
@@ -773,41 +691,14 @@ static void ahead_after_down(cpu_state *st, const step_ctx *c) {
     ahead_finish(st);
 }
 
-/* Before a gate/up stage is queued: SwiGLU will run inside it (unless the engine asks for the
- * stages apart), block by block in w_down's activation format. */
-static void fin_begin(cpu_state *st, const model_weight *w_down) {
-    st->n_fins = 0;
-    st->fin_act = quant_traits_of(w_down->type)->act;
-    st->fin_bw = st->fin_act == QA_Q8_32 ? QK32 : st->fin_act == QA_Q8_256 ? QK_K : st->ffn;
-    st->fin_nblk = st->ffn / st->fin_bw;
-}
-
-/* Queues the gate and up jobs of matrix mat over the pairs [p0, p0 + np) (their inputs: ag /
- * au, rows abg / abu bytes apart), outputs at rows p0.. of st->g and st->u, as one fin group. */
-static void gate_up_add(cpu_state *st, const model_weight *wg, const model_weight *wu, int mat, const void *ag,
-                        size_t abg, const void *au, size_t abu, int p0, int np) {
-    const int fi = st->unfused ? -1 : st->n_fins++;
-    if (fi >= 0) st->fins[fi] = (ffn_fin){p0, np};
-    const size_t F = (size_t)st->ffn;
-    job_add(st, wg, mat, ag, abg, np, st->g + (size_t)p0 * F, F);
-    st->jobs[st->n_jobs - 1].fin = fi;
-    job_add(st, wu, mat, au, abu, np, st->u + (size_t)p0 * F, F);
-    st->jobs[st->n_jobs - 1].fin = fi;
-}
-
-/* Runs the queued gate/up jobs with SwiGLU over their n_out output rows, quantized for w_down:
- * inside the stage (fin_rows, then fin_rest), or as a stage of its own when unfused. */
+/* Runs the queued gate/up jobs, then SwiGLU over their n_out output rows, quantized for w_down. */
 static void ffn_gate_up_swiglu(cpu_state *st, step_ctx *c, const model_weight *w_down, int n_out) {
     jobs_run(st);
     prof_mark(st, CS_GATE_UP);
-    if (!st->unfused) {
-        fin_rest(st);
-    } else {
-        c->w0 = w_down;
-        c->w1 = c->w2 = NULL;
-        c->n_out = n_out;
-        run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * st->ffn);
-    }
+    c->w0 = w_down;
+    c->w1 = c->w2 = NULL;
+    c->n_out = n_out;
+    run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * st->ffn);
     prof_mark(st, CS_SWIGLU);
 }
 
@@ -822,17 +713,17 @@ static void ffn_down_run(cpu_state *st, step_ctx *c) {
 static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
     const model_hparams *hp = &st->m->hp;
     const model_layer *L = &st->m->layers[c->layer];
-    int E = hp->n_embd;
+    int F = st->ffn, E = hp->n_embd;
     int P = group_pairs(st, n);
     size_t ab;
     const uint8_t *act = act_for(&st->a_embd, &L->gate_exps, &ab);
     /* gate and up share one gathered activation buffer (model_load checks their formats match) */
     for (int p = 0; p < P; p++) memcpy(st->xg + (size_t)p * ab, act + (size_t)st->pair_row[p] * ab, ab);
-    fin_begin(st, &L->down_exps);
     for (int e = 0; e < hp->n_expert; e++) {
         if (!st->exp_cnt[e]) continue;
-        const uint8_t *xe = st->xg + (size_t)st->exp_off[e] * ab;
-        gate_up_add(st, &L->gate_exps, &L->up_exps, e, xe, ab, xe, ab, st->exp_off[e], st->exp_cnt[e]);
+        size_t o = (size_t)st->exp_off[e];
+        job_add(st, &L->gate_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->g + o * F, (size_t)F);
+        job_add(st, &L->up_exps, e, st->xg + o * ab, ab, st->exp_cnt[e], st->u + o * F, (size_t)F);
     }
     ahead_start(st);
     for (int e = 0; e < hp->n_expert; e++)
@@ -852,13 +743,13 @@ static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
 static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
     const model_hparams *hp = &st->m->hp;
     const model_layer *L = &st->m->layers[c->layer];
-    int E = hp->n_embd, K = hp->n_expert_used;
+    int F = st->ffn, E = hp->n_embd, K = hp->n_expert_used;
     size_t ab;
     const uint8_t *act = act_for(&st->a_embd, &L->gate_exps, &ab);
-    fin_begin(st, &L->down_exps);
     for (int i = 0; i < K; i++) {
         st->pair_of[i] = i;
-        gate_up_add(st, &L->gate_exps, &L->up_exps, st->sel[i], act, ab, act, ab, i, 1);
+        job_add(st, &L->gate_exps, st->sel[i], act, ab, 1, st->g + (size_t)i * F, (size_t)F);
+        job_add(st, &L->up_exps, st->sel[i], act, ab, 1, st->u + (size_t)i * F, (size_t)F);
     }
     ahead_start(st);
     for (int i = 0; i < K; i++) ahead_add(st, &L->down_exps, st->sel[i], 1);
@@ -872,11 +763,12 @@ static void ffn_moe_solo(cpu_state *st, step_ctx *c) {
 
 static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     const model_layer *L = &st->m->layers[c->layer];
-    int E = st->m->hp.n_embd;
-    size_t ab, ab_u;
-    const void *act = act_for(&st->a_embd, &L->ffn_gate, &ab), *act_u = act_for(&st->a_embd, &L->ffn_up, &ab_u);
-    fin_begin(st, &L->ffn_down);
-    gate_up_add(st, &L->ffn_gate, &L->ffn_up, 0, act, ab, act_u, ab_u, 0, n);
+    int F = st->ffn, E = st->m->hp.n_embd;
+    size_t ab;
+    const void *act = act_for(&st->a_embd, &L->ffn_gate, &ab);
+    job_add(st, &L->ffn_gate, 0, act, ab, n, st->g, (size_t)F);
+    act = act_for(&st->a_embd, &L->ffn_up, &ab);
+    job_add(st, &L->ffn_up, 0, act, ab, n, st->u, (size_t)F);
     ahead_start(st);
     ahead_add(st, &L->ffn_down, 0, n);
     ahead_finish(st);
@@ -925,14 +817,11 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         /* work x4: the K/V stores go to arena lines that are cold at every step */
         run_items(st, qk_task, &c, (long)n * hp->n_head_kv, 4L * n * (H + HKV));
         prof_mark(st, CS_QK_ROPE);
-        /* each item quantizes its query heads' output where those are whole blocks */
-        c.w0 = &L->wo, c.w1 = c.w2 = NULL;
-        c.att_mask = !st->unfused && act_parts_fit(&st->a_att, mask3(&c), H / hp->n_head_kv) ? mask3(&c) : 0;
         run_items(st, attn_task, &c, (long)n * hp->n_head_kv, attn_work(b, H));
         prof_mark(st, CS_ATTN);
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
-        if (!c.att_mask) run_items(st, act_att_task, &c, n, (long)n * H);
-        c.att_mask = 0;
+        c.w0 = &L->wo, c.w1 = c.w2 = NULL;
+        run_items(st, act_att_task, &c, n, (long)n * H);
         prof_mark(st, CS_ACT_ATT);
         act = act_for(&st->a_att, &L->wo, &ab);
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
@@ -1040,9 +929,6 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     int K = hp->arch == MODEL_ARCH_QWEN3MOE ? hp->n_expert_used : 1;
     int P = R * K, F = st->ffn;
     st->n_pairs_max = P;
-    st->unfused = o->cpu_unfused;
-    st->fin_stride = ((size_t)P * (size_t)DT_MAX(1, F / QK32) + 15) & ~(size_t)15;
-    st->fin_cnt = xaligned(sizeof(int) * st->fin_stride * (size_t)st->nth);
     st->x = xaligned(sizeof(float) * (size_t)R * E);
     st->xn = xaligned(sizeof(float) * (size_t)R * E);
     st->tmp = xaligned(sizeof(float) * (size_t)R * E);
@@ -1109,7 +995,7 @@ static void cpu_destroy(void *state) {
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
                     st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
                     st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
-                    st->scores,   st->ahead[0], st->ahead[1], st->fin_cnt};
+                    st->scores,   st->ahead[0], st->ahead[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(st);
 }
