@@ -8,7 +8,9 @@
  *   o_c:    lane = dimension; per (head, lane) a sequential fma over the chunk's positions,
  *           8 heads x 8 dimensions per pass (each V vector converted once per 8 heads).
  *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L.
- * K and V are requested ahead as attn_avx512.c does (the arena is cold at every step). */
+ * K and V are requested ahead as attn_avx512.c does (the arena is cold at every step); the
+ * caller's side stream (attn_side) a line per 4 dimensions of a group's scores and per position
+ * of each 64-byte line of V in o_c. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -34,10 +36,11 @@ static inline __m256 ld8h(const fp16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si
 /* s[h][j] = scale * (q_h . k_j), heads h0 .. h0+NH-1 (NH <= HSUB) of the pass, over position
  * group g (lane = position; positions at or past n are not stored). */
 AI void score_group(const int NH, const float *q, int hd, const fp16_t *kg, int j0, int n, const __m256 vscale,
-                    float *s, size_t ss) {
+                    float *s, size_t ss, attn_side *side) {
     __m256 acc[HSUB][2];
     _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int e = 0; e < hd; e++) {
+        if (!(e & 3)) attn_side_req(side);
         const __m256 k0 = ld8h(kg + (size_t)e * KV_POS_GROUP), k1 = ld8h(kg + (size_t)e * KV_POS_GROUP + 8);
         _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
             const __m256 qv = _mm256_broadcast_ss(q + (size_t)h * hd + e);
@@ -53,12 +56,12 @@ AI void score_group(const int NH, const float *q, int hd, const fp16_t *kg, int 
 }
 
 static void score_sub(int nh, const float *q, int hd, const fp16_t *kg, int j0, int n, const __m256 vscale, float *s,
-                      size_t ss) {
+                      size_t ss, attn_side *side) {
     switch (nh) {
-    case 1: score_group(1, q, hd, kg, j0, n, vscale, s, ss); break;
-    case 2: score_group(2, q, hd, kg, j0, n, vscale, s, ss); break;
-    case 3: score_group(3, q, hd, kg, j0, n, vscale, s, ss); break;
-    default: score_group(4, q, hd, kg, j0, n, vscale, s, ss); break;
+    case 1: score_group(1, q, hd, kg, j0, n, vscale, s, ss, side); break;
+    case 2: score_group(2, q, hd, kg, j0, n, vscale, s, ss, side); break;
+    case 3: score_group(3, q, hd, kg, j0, n, vscale, s, ss, side); break;
+    default: score_group(4, q, hd, kg, j0, n, vscale, s, ss, side); break;
     }
 }
 
@@ -79,9 +82,9 @@ static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t
             for (int l = 0; l < lines; l++) _mm_prefetch(kf + 64 * l, _MM_HINT_T1);
         }
         const fp16_t *kg = K + (size_t)g * gs;
-        for (int l = 0; l < lines; l++) attn_side_req(side);
         for (int h = 0; h < nh; h += HSUB)
-            score_sub(DT_MIN(HSUB, nh - h), q + (size_t)h * hd, hd, kg, g * KV_POS_GROUP, n, vscale, s + (size_t)h * ss, ss);
+            score_sub(DT_MIN(HSUB, nh - h), q + (size_t)h * hd, hd, kg, g * KV_POS_GROUP, n, vscale, s + (size_t)h * ss, ss,
+                      side);
     }
 }
 

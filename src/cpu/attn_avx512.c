@@ -9,7 +9,10 @@
  *   o_c:    lane = dimension; per (head, lane) a sequential fma over the chunk's
  *           positions. Heads go in sets of 8 and dimensions in sets of 32 (16
  *           accumulators), so each V vector is converted once per head set.
- *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L. */
+ *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L.
+ * Beside the vector steps, the caller's side stream (attn_side: the next gemm stage's weights)
+ * is requested into L2, a line per position group and dimension pair in the scores and a line
+ * per position and 32-dim set in o_c. */
 #include <immintrin.h>
 #include <math.h>
 
