@@ -21,9 +21,9 @@
 
 #ifdef BENCH_ATTN_AB
 void attn_group_avx512_A(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                         float *out, float *scratch, attn_side *side);
+                         float *out, float *scratch);
 void attn_group_avx512_B(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                         float *out, float *scratch, attn_side *side);
+                         float *out, float *scratch);
 #endif
 
 /* a value in [-1, 1) from a hash of i (timing does not depend on the values) */
@@ -57,7 +57,6 @@ int main(int argc, char **argv) {
     const int nfl = cpu_level_detect() >= CPU_AVX512 ? 2 : 1;
 #endif
     const float scale = 1.0f / sqrtf((float)hd);
-    attn_side none = {NULL, NULL};
     printf("bench_attn: %d query heads per KV head, head dim %d, hot arena, best of 9 alternating rounds of %d calls; us "
            "per call\n\n| position |",
            ng, hd, iters);
@@ -71,7 +70,7 @@ int main(int argc, char **argv) {
             for (int f = 0; f < nfl; f++) {
                 const int n = DT_MAX(1, iters / fl[f].div);
                 const double t0 = time_now();
-                for (int it = 0; it < n; it++) fl[f].fn(q, ng, K, V, pos[pi], hd, scale, o, s, &none);
+                for (int it = 0; it < n; it++) fl[f].fn(q, ng, K, V, pos[pi], hd, scale, o, s);
                 best[f] = DT_MIN(best[f], (time_now() - t0) / n);
             }
         printf("| %d |", pos[pi]);
@@ -83,8 +82,8 @@ int main(int argc, char **argv) {
     float *o2 = xaligned(sizeof(float) * (size_t)ng * hd);
     int same = 1;
     for (int p = 0; p < ctx; p += 37) {
-        attn_group_avx512_A(q, ng, K, V, p, hd, scale, o, s, &none);
-        attn_group_avx512_B(q, ng, K, V, p, hd, scale, o2, s, &none);
+        attn_group_avx512_A(q, ng, K, V, p, hd, scale, o, s);
+        attn_group_avx512_B(q, ng, K, V, p, hd, scale, o2, s);
         if (memcmp(o, o2, sizeof(float) * (size_t)ng * hd)) same = 0;
     }
     printf("B bitwise equal to A at every 37th position: %s\n", same ? "yes" : "NO");

@@ -25,7 +25,6 @@ typedef struct backend_opts {
     int cpu_level;  /* CPU kernels: -1 = best detected (enum cpu_level otherwise) */
     int cpu_stream; /* one-token kernels' weight stream form: -1 = this host's (enum cpu_stream otherwise) */
     long cpu_ahead; /* bytes of the next gemm stage a waiting CPU thread requests: -1 = CPU_AHEAD_BYTES */
-    long cpu_side;  /* bytes more of the o projection a CPU thread requests during attention: -1 = CPU_SIDE_BYTES */
     bool profile;   /* time every stage of the step (see backend_ops.profile) */
 } backend_opts;
 

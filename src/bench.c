@@ -754,22 +754,12 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
     return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, err);
 }
 
-/* --side-ab B: the o projection's requests during attention at the default size (A) against B bytes. */
-static int side_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, ditto_err *err) {
-    engine_opts vb = *base;
-    vb.cpu_side = bytes;
-    char a[48], b[32];
-    snprintf(a, sizeof a, "with the default %d bytes", CPU_SIDE_BYTES);
-    snprintf(b, sizeof b, "with %ld", bytes);
-    return opts_ab_run(m, base, &vb, "requests during attention", a, b, probe, plen, n, err);
-}
-
 
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    int ahead = -1, ahead_ab = -1, side_ab = -1, chunk = 512;
+    int ahead = -1, ahead_ab = -1, chunk = 512;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -795,14 +785,12 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead)) return 2;
         } else if (!strcmp(a, "--ahead-ab") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead_ab)) return 2;
-        } else if (!strcmp(a, "--side-ab") && has) {
-            if (cli_int("bench", a, argv[++i], 0, 1 << 30, &side_ab)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--side-ab B]] [--ahead B] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]\n");
             return 2;
         }
     }
@@ -987,7 +975,6 @@ int bench_cmd(int argc, char **argv) {
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, &err) < 0) goto fail;
-    if (paired && side_ab >= 0 && side_run(m, &o, side_ab, probe, plen, paired, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

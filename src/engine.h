@@ -17,7 +17,6 @@ typedef struct engine_opts {
     int cpu_level;     /* -1: best detected */
     int cpu_stream;    /* -1: this host's form (cpu/cpu_quant.h, cpu_stream_detect) */
     long cpu_ahead;    /* -1: the default (cpu/prefetch.h, CPU_AHEAD_BYTES) */
-    long cpu_side;     /* -1: the default (cpu/prefetch.h, CPU_SIDE_BYTES) */
     bool unify;        /* route lone decode rows through the batched path too */
     bool profile;      /* per-stage step timings (backend_ops.profile), for ditto bench */
 } engine_opts;

@@ -62,21 +62,16 @@ static void check_flavour(const flavour *f) {
                     for (int g = 0; g < ng; g++)
                         attn_head_generic(q + g * hd, K, V, pos, hd, scale, a + g * hd, s1);
                     memset(b, 0xff, sizeof(float) * (size_t)NG * hd);
-                    /* every other call with lines of V requested beside it (an unrelated stream) */
-                    attn_side side = {NULL, NULL};
-                    if (pos % 2) side = (attn_side){(const char *)V, (const char *)(V + (size_t)ctx * hd)};
-                    f->attn(q, ng, K, V, pos, hd, scale, b, s2, &side);
+                    f->attn(q, ng, K, V, pos, hd, scale, b, s2);
                     CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0,
                           "hd %d mode %d group %d pos %d: %s != generic", hd, mode, ng, pos, f->name);
-                    CHECK(!(pos % 2) || side.p > (const char *)V, "hd %d pos %d: %s requested no side lines", hd,
-                          pos, f->name);
                     if (ng < NG) {
                         uint32_t guard;
                         memcpy(&guard, b + (size_t)ng * hd, 4);
                         CHECK(guard == 0xffffffffu, "group %d wrote past its heads", ng);
                     }
                     memset(b, 0xff, sizeof(float) * (size_t)NG * hd);
-                    attn_group_generic(q, ng, K, V, pos, hd, scale, b, s1, &side);
+                    attn_group_generic(q, ng, K, V, pos, hd, scale, b, s1);
                     CHECK(memcmp(a, b, sizeof(float) * (size_t)ng * hd) == 0, "group generic != per head");
                     checked++;
                 }

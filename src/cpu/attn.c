@@ -40,8 +40,7 @@ void attn_head_generic(const float *q, const fp16_t *K, const fp16_t *V, int pos
 }
 
 void attn_group_generic(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                        float *out, float *scratch, attn_side *side) {
-    (void)side;
+                        float *out, float *scratch) {
     for (int g = 0; g < ng; g++)
         attn_head_generic(q + (size_t)g * hd, K, V, pos, hd, scale, out + (size_t)g * hd, scratch);
 }

@@ -5,25 +5,9 @@
 #ifndef DITTO_ATTN_H
 #define DITTO_ATTN_H
 
-#include <immintrin.h>
-
 #include "kv.h"
 
 #define ATTN_CHUNK 64 /* keys per softmax chunk, at absolute positions [cC, (c+1)C) */
-
-/* Lines of another stage's weights an attention call requests into L2 beside its own work,
- * a line every few vector steps, from p up to end; p advances past each line requested. Only
- * the memory system sees them: no result depends on them. {NULL, NULL}: none. */
-typedef struct attn_side {
-    const char *p, *end;
-} attn_side;
-
-static inline void attn_side_req(attn_side *sd) {
-    if (sd->p < sd->end) {
-        _mm_prefetch(sd->p, _MM_HINT_T1);
-        sd->p += 64;
-    }
-}
 
 /* out[hd] = attention of q[hd] over positions 0..pos (the reference flavour).
  * scratch: pos+1 + 2*hd floats (64-byte aligned). */
@@ -32,16 +16,15 @@ void attn_head_generic(const float *q, const fp16_t *K, const fp16_t *V, int pos
 
 /* out[g][hd] = attention of q[g][hd], for the ng query heads g that share the KV head
  * (K, V), over positions 0..pos; each head's result is bitwise that of attn_head_generic.
- * scratch: attn_scratch_floats(ng, pos, hd) floats, 64-byte aligned. side: requested as it
- * goes (the SIMD flavours; the reference ignores it). */
+ * scratch: attn_scratch_floats(ng, pos, hd) floats, 64-byte aligned. */
 typedef void (*attn_fn)(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                        float *out, float *scratch, attn_side *side);
+                        float *out, float *scratch);
 void attn_group_generic(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                        float *out, float *scratch, attn_side *side);
+                        float *out, float *scratch);
 void attn_group_avx2(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                     float *out, float *scratch, attn_side *side);
+                     float *out, float *scratch);
 void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                       float *out, float *scratch, attn_side *side);
+                       float *out, float *scratch);
 static inline size_t attn_scratch_floats(int ng, int pos, int hd) {
     size_t n16 = ((size_t)pos + 16) & ~(size_t)15;
     return (size_t)(ng < 8 ? ng : 8) * n16 + 2 * (size_t)hd + 16;

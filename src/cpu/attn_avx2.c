@@ -8,9 +8,7 @@
  *   o_c:    lane = dimension; per (head, lane) a sequential fma over the chunk's positions,
  *           8 heads x 8 dimensions per pass (each V vector converted once per 8 heads).
  *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L.
- * K and V are requested ahead as attn_avx512.c does (the arena is cold at every step); the
- * caller's side stream (attn_side) a line per 4 dimensions of a group's scores and per position
- * of each 64-byte line of V in o_c. */
+ * K and V are requested ahead as attn_avx512.c does (the arena is cold at every step). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -36,11 +34,10 @@ static inline __m256 ld8h(const fp16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si
 /* s[h][j] = scale * (q_h . k_j), heads h0 .. h0+NH-1 (NH <= HSUB) of the pass, over position
  * group g (lane = position; positions at or past n are not stored). */
 AI void score_group(const int NH, const float *q, int hd, const fp16_t *kg, int j0, int n, const __m256 vscale,
-                    float *s, size_t ss, attn_side *side) {
+                    float *s, size_t ss) {
     __m256 acc[HSUB][2];
     _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int e = 0; e < hd; e++) {
-        if (!(e & 3)) attn_side_req(side);
         const __m256 k0 = ld8h(kg + (size_t)e * KV_POS_GROUP), k1 = ld8h(kg + (size_t)e * KV_POS_GROUP + 8);
         _Pragma("GCC unroll 4") for (int h = 0; h < NH; h++) {
             const __m256 qv = _mm256_broadcast_ss(q + (size_t)h * hd + e);
@@ -56,12 +53,12 @@ AI void score_group(const int NH, const float *q, int hd, const fp16_t *kg, int 
 }
 
 static void score_sub(int nh, const float *q, int hd, const fp16_t *kg, int j0, int n, const __m256 vscale, float *s,
-                      size_t ss, attn_side *side) {
+                      size_t ss) {
     switch (nh) {
-    case 1: score_group(1, q, hd, kg, j0, n, vscale, s, ss, side); break;
-    case 2: score_group(2, q, hd, kg, j0, n, vscale, s, ss, side); break;
-    case 3: score_group(3, q, hd, kg, j0, n, vscale, s, ss, side); break;
-    default: score_group(4, q, hd, kg, j0, n, vscale, s, ss, side); break;
+    case 1: score_group(1, q, hd, kg, j0, n, vscale, s, ss); break;
+    case 2: score_group(2, q, hd, kg, j0, n, vscale, s, ss); break;
+    case 3: score_group(3, q, hd, kg, j0, n, vscale, s, ss); break;
+    default: score_group(4, q, hd, kg, j0, n, vscale, s, ss); break;
     }
 }
 
@@ -69,7 +66,7 @@ static void score_sub(int nh, const float *q, int hd, const fp16_t *kg, int j0, 
  * group PF_K_NEAR ahead is requested into L1 and the one PF_K_FAR ahead into L2 (past K's
  * last group, V's first rows, which the PV pass reads next). */
 static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
-                   size_t ss, attn_side *side) {
+                   size_t ss) {
     const __m256 vscale = _mm256_set1_ps(scale);
     const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
     const int ngr = (n + KV_POS_GROUP - 1) / KV_POS_GROUP, lines = hd / 2;
@@ -83,8 +80,7 @@ static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t
         }
         const fp16_t *kg = K + (size_t)g * gs;
         for (int h = 0; h < nh; h += HSUB)
-            score_sub(DT_MIN(HSUB, nh - h), q + (size_t)h * hd, hd, kg, g * KV_POS_GROUP, n, vscale, s + (size_t)h * ss, ss,
-                      side);
+            score_sub(DT_MIN(HSUB, nh - h), q + (size_t)h * hd, hd, kg, g * KV_POS_GROUP, n, vscale, s + (size_t)h * ss, ss);
     }
 }
 
@@ -112,7 +108,7 @@ static float chunk_exp(float *s, int len, float m) {
  * 64-byte line of a row, that line's bytes one chunk ahead (into L1) and two chunks ahead (into
  * L2) are requested, while they lie before position n. */
 AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, int v0,
-                 const float *w, float *O, attn_side *side) {
+                 const float *w, float *O) {
     __m256 oc[HSET];
     _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) oc[h] = _mm256_setzero_ps();
     const bool line = v0 % 4 == 0;
@@ -120,7 +116,6 @@ AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j
         const fp16_t *vj = V + (size_t)j * hd + 8 * v0;
         if (line && j + PF_V_NEAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_NEAR * hd), ATT2_NEAR_HINT);
         if (line && j + PF_V_FAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_FAR * hd), _MM_HINT_T1);
-        if (line) attn_side_req(side);
         const __m256 vv = ld8h(vj);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++)
             oc[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)h * ss + j), vv, oc[h]);
@@ -132,9 +127,9 @@ AI void pv_block(const int NH, const float *p, size_t ss, const fp16_t *V, int j
 }
 
 #define PV_CASE(NH) \
-    case NH: pv_block(NH, p, ss, V, j0, j1, n, hd, v0, w, O, side); break
+    case NH: pv_block(NH, p, ss, V, j0, j1, n, hd, v0, w, O); break
 static void pv(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, int v0, const float *w,
-               float *O, attn_side *side) {
+               float *O) {
     switch (nh) {
         PV_CASE(1); PV_CASE(2); PV_CASE(3); PV_CASE(4); PV_CASE(5); PV_CASE(6); PV_CASE(7); PV_CASE(8);
     default: DT_ASSERT(0);
@@ -143,8 +138,8 @@ static void pv(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j
 
 /* Every 8-dim vector of the chunk, for all the set's heads at once. */
 static void pv_chunk(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, const float *w,
-                     float *O, attn_side *side) {
-    for (int v0 = 0; v0 < hd / 8; v0++) pv(nh, p, ss, V, j0, j1, n, hd, v0, w, O, side);
+                     float *O) {
+    for (int v0 = 0; v0 < hd / 8; v0++) pv(nh, p, ss, V, j0, j1, n, hd, v0, w, O);
 }
 
 static void div_rows(float *O, int nh, int hd, const float *L) {
@@ -163,7 +158,7 @@ static const attn_chunked_ops ops_avx2 = {
 };
 
 void attn_group_avx2(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale, float *out,
-                     float *scratch, attn_side *side) {
+                     float *scratch) {
     DT_ASSERT(hd % 8 == 0 && ng >= 1);
-    attn_chunked(&ops_avx2, q, ng, K, V, pos, hd, scale, out, scratch, side);
+    attn_chunked(&ops_avx2, q, ng, K, V, pos, hd, scale, out, scratch);
 }

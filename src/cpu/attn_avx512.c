@@ -9,10 +9,7 @@
  *   o_c:    lane = dimension; per (head, lane) a sequential fma over the chunk's
  *           positions. Heads go in sets of 8 and dimensions in sets of 32 (16
  *           accumulators), so each V vector is converted once per head set.
- *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L.
- * Beside the vector steps, the caller's side stream (attn_side: the next gemm stage's weights)
- * is requested into L2, a line per position group and dimension pair in the scores and a line
- * per position and 32-dim set in o_c. */
+ *   combine: O = fma(w, o_c, O) per chunk ascending, in `out`; out = O / L. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -52,7 +49,7 @@ static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_load
  * is hd/2 lines). V is requested by pv_block as it goes: asked for here, at the scores, a long
  * context's V left L1 before its turn (bench/cpu-speed.md, fifteenth session). */
 AI void score_groups(const int NH, const int NG, const float *q, int hd, const fp16_t *K, const fp16_t *V, int g,
-                     int ngr, int n, const __m512 vscale, float *s, size_t ss, attn_side *side) {
+                     int ngr, int n, const __m512 vscale, float *s, size_t ss) {
     const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */
     const fp16_t *kg = K + (size_t)g * gs;
     const char *kn = (const char *)(kg + PF_K_NEAR * gs);
@@ -68,7 +65,6 @@ AI void score_groups(const int NH, const int NG, const float *q, int hd, const f
             const int l = (d / 2) * NG + u;
             if (l < kf_lines) _mm_prefetch(kf + 64 * l, _MM_HINT_T1);
             if (l < kn_lines) _mm_prefetch(kn + 64 * l, _MM_HINT_T0);
-            attn_side_req(side);
         }
         _Pragma("GCC unroll 2") for (int e = d; e < d + 2; e++) _Pragma("GCC unroll 2") for (int u = 0; u < NG; u++) {
             const __m512 k = ld16h(kg + (size_t)u * gs + (size_t)e * KV_POS_GROUP);
@@ -85,25 +81,25 @@ AI void score_groups(const int NH, const int NG, const float *q, int hd, const f
 }
 
 AI void scores_nh(const int NH, const float *q, int hd, const fp16_t *K, const fp16_t *V, int n, float scale,
-                  float *s, size_t ss, attn_side *side) {
+                  float *s, size_t ss) {
     const __m512 vscale = _mm512_set1_ps(scale);
     const int ngr = (n + KV_POS_GROUP - 1) / KV_POS_GROUP;
     int g = 0;
-    for (; g + 2 <= ngr; g += 2) score_groups(NH, 2, q, hd, K, V, g, ngr, n, vscale, s, ss, side);
-    if (g < ngr) score_groups(NH, 1, q, hd, K, V, g, ngr, n, vscale, s, ss, side);
+    for (; g + 2 <= ngr; g += 2) score_groups(NH, 2, q, hd, K, V, g, ngr, n, vscale, s, ss);
+    if (g < ngr) score_groups(NH, 1, q, hd, K, V, g, ngr, n, vscale, s, ss);
 }
 
 static void scores(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
-                   size_t ss, attn_side *side) {
+                   size_t ss) {
     switch (nh) {
-    case 1: scores_nh(1, q, hd, K, V, n, scale, s, ss, side); break;
-    case 2: scores_nh(2, q, hd, K, V, n, scale, s, ss, side); break;
-    case 3: scores_nh(3, q, hd, K, V, n, scale, s, ss, side); break;
-    case 4: scores_nh(4, q, hd, K, V, n, scale, s, ss, side); break;
-    case 5: scores_nh(5, q, hd, K, V, n, scale, s, ss, side); break;
-    case 6: scores_nh(6, q, hd, K, V, n, scale, s, ss, side); break;
-    case 7: scores_nh(7, q, hd, K, V, n, scale, s, ss, side); break;
-    default: scores_nh(8, q, hd, K, V, n, scale, s, ss, side); break;
+    case 1: scores_nh(1, q, hd, K, V, n, scale, s, ss); break;
+    case 2: scores_nh(2, q, hd, K, V, n, scale, s, ss); break;
+    case 3: scores_nh(3, q, hd, K, V, n, scale, s, ss); break;
+    case 4: scores_nh(4, q, hd, K, V, n, scale, s, ss); break;
+    case 5: scores_nh(5, q, hd, K, V, n, scale, s, ss); break;
+    case 6: scores_nh(6, q, hd, K, V, n, scale, s, ss); break;
+    case 7: scores_nh(7, q, hd, K, V, n, scale, s, ss); break;
+    default: scores_nh(8, q, hd, K, V, n, scale, s, ss); break;
     }
 }
 
@@ -129,7 +125,7 @@ static float chunk_exp(float *s, int len, float m) {
  * load, the same 64 bytes of the rows one chunk ahead (into L1) and two chunks ahead (into L2) are
  * requested, while they lie before position n. */
 AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n,
-                 int hd, int v0, const float *w, float *O, attn_side *side) {
+                 int hd, int v0, const float *w, float *O) {
     __m512 oc[HSET][VSET];
     _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++)
         oc[h][v] = _mm512_setzero_ps();
@@ -137,7 +133,6 @@ AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp
         const fp16_t *vj = V + (size_t)j * hd + 16 * v0;
         if (j + PF_V_NEAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_NEAR * hd), _MM_HINT_T0);
         if (PF_V_FAR && j + PF_V_FAR < n) _mm_prefetch((const char *)(vj + (size_t)PF_V_FAR * hd), _MM_HINT_T1);
-        attn_side_req(side);
         __m512 vv[VSET];
         _Pragma("GCC unroll 2") for (int v = 0; v < NV; v++) vv[v] = ld16h(vj + 16 * v);
         _Pragma("GCC unroll 8") for (int h = 0; h < NH; h++) {
@@ -155,9 +150,9 @@ AI void pv_block(const int NH, const int NV, const float *p, size_t ss, const fp
 }
 
 #define PV_CASE(NH, NV)                                                                                      \
-    case (NH - 1) * VSET + (NV - 1): pv_block(NH, NV, p, ss, V, j0, j1, n, hd, v0, w, O, side); break
+    case (NH - 1) * VSET + (NV - 1): pv_block(NH, NV, p, ss, V, j0, j1, n, hd, v0, w, O); break
 static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, int v0,
-               const float *w, float *O, attn_side *side) {
+               const float *w, float *O) {
     DT_ASSERT(nh >= 1 && nh <= HSET && nv >= 1 && nv <= VSET);
     switch ((nh - 1) * VSET + (nv - 1)) {
         PV_CASE(1, 1); PV_CASE(1, 2); PV_CASE(2, 1); PV_CASE(2, 2); PV_CASE(3, 1); PV_CASE(3, 2);
@@ -169,12 +164,12 @@ static void pv(int nh, int nv, const float *p, size_t ss, const fp16_t *V, int j
 
 /* Every head set of the chunk, in sets of HSET heads x VSET 16-dim vectors. */
 static void pv_chunk(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, const float *w,
-                     float *O, attn_side *side) {
+                     float *O) {
     const int nv = hd / 16;
     for (int hs = 0; hs < nh; hs += HSET)
         for (int v0 = 0; v0 < nv; v0 += VSET)
             pv(DT_MIN(HSET, nh - hs), DT_MIN(VSET, nv - v0), p + hs * ss, ss, V, j0, j1, n, hd, v0, w + hs,
-               O + (size_t)hs * hd, side);
+               O + (size_t)hs * hd);
 }
 
 static void div_rows(float *O, int nh, int hd, const float *L) {
@@ -193,7 +188,7 @@ static const attn_chunked_ops ops_avx512 = {
 };
 
 void attn_group_avx512(const float *q, int ng, const fp16_t *K, const fp16_t *V, int pos, int hd, float scale,
-                       float *out, float *scratch, attn_side *side) {
+                       float *out, float *scratch) {
     DT_ASSERT(hd % 16 == 0 && ng >= 1);
-    attn_chunked(&ops_avx512, q, ng, K, V, pos, hd, scale, out, scratch, side);
+    attn_chunked(&ops_avx512, q, ng, K, V, pos, hd, scale, out, scratch);
 }

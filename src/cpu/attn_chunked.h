@@ -22,19 +22,18 @@ typedef struct {
     int k_near; /* K position groups requested into L1 before the scores (they request the rest) */
     /* s[h * ss + j] = scale * (q_h . k_j), j < n, for nh <= ATTN_HMAX heads */
     void (*scores)(const float *q, int nh, int hd, const fp16_t *K, const fp16_t *V, int n, float scale, float *s,
-                   size_t ss, attn_side *side);
+                   size_t ss);
     float (*scan_max)(const float *s, int n); /* mathx_scan_max */
     float (*chunk_exp)(float *s, int len, float m); /* p = exp(s - m) in place; returns the 32-lane sum */
     /* O[h] = fma(w[h], o_c[h], O[h]), o_c[h][d] = sequential fma over positions [j0, j1) of p[h][j] * V[j][d] */
     void (*pv_chunk)(int nh, const float *p, size_t ss, const fp16_t *V, int j0, int j1, int n, int hd, const float *w,
-                     float *O, attn_side *side);
+                     float *O);
     void (*div_rows)(float *O, int nh, int hd, const float *L); /* O[h][d] = O[h][d] / L[h] */
 } attn_chunked_ops;
 
 static inline __attribute__((always_inline)) void attn_chunked(const attn_chunked_ops *ops, const float *q, int ng,
                                                                 const fp16_t *K, const fp16_t *V, int pos, int hd,
-                                                                float scale, float *out, float *scratch,
-                                                                attn_side *side) {
+                                                                float scale, float *out, float *scratch) {
     const int n = pos + 1;
     const size_t ss = ((size_t)n + 15) & ~(size_t)15;
     for (int h0 = 0; h0 < ng; h0 += ATTN_HMAX) {
@@ -45,7 +44,7 @@ static inline __attribute__((always_inline)) void attn_chunked(const attn_chunke
                                        sizeof(fp16_t);
                  o += 64)
                 _mm_prefetch((const char *)K + o, _MM_HINT_T0);
-        ops->scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss, side);
+        ops->scores(q + (size_t)h0 * hd, nh, hd, K, V, n, scale, s, ss);
         float M[ATTN_HMAX], L[ATTN_HMAX], w[ATTN_HMAX];
         for (int h = 0; h < nh; h++) {
             M[h] = ops->scan_max(s + h * ss, n);
@@ -61,7 +60,7 @@ static inline __attribute__((always_inline)) void attn_chunked(const attn_chunke
                 w[h] = mathx_exp(m - M[h]);
                 L[h] = fmaf(w[h], l, L[h]);
             }
-            ops->pv_chunk(nh, s, ss, V, j0, j1, n, hd, w, O, side);
+            ops->pv_chunk(nh, s, ss, V, j0, j1, n, hd, w, O);
         }
         ops->div_rows(O, nh, hd, L);
     }

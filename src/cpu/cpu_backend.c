@@ -82,7 +82,6 @@ typedef struct cpu_state {
     int nth, max_rows, level;
     int stream; /* enum cpu_stream of the one-token kernels */
     size_t ahead_bytes; /* of the next gemm stage, each waiting thread requests (ahead_finish) */
-    size_t side_bytes;  /* more of the o projection's, requested by attention as it computes */
     bool prfchw; /* the CPU has PREFETCHW */
     char desc[96];
     quant_gemm_fn gemm[QT_COUNT];
@@ -316,8 +315,8 @@ static void ahead_add(cpu_state *st, const model_weight *w, int mat, int n_tok) 
 }
 
 /* Each thread's part of the plan: from the front of its claim segment (claim_reset's cut of the
- * same units) at most st->ahead_bytes + more, to the segment's end, in up to CPU_NEXT_MAX regions. */
-static void ahead_finish_more(cpu_state *st, size_t more) {
+ * same units) at most st->ahead_bytes, to the segment's end, in up to CPU_NEXT_MAX regions. */
+static void ahead_finish(cpu_state *st) {
     if (st->nth == 1) return;
     ahead_thr *t = st->ahead[!st->ahead_cur];
     int total = 0;
@@ -327,7 +326,7 @@ static void ahead_finish_more(cpu_state *st, size_t more) {
         r->n = 0;
         t[th].done = 0;
         int u = claim_cut(total, st->nth, th), end = claim_cut(total, st->nth, th + 1), u0 = 0;
-        size_t left = st->ahead_bytes + more;
+        size_t left = st->ahead_bytes;
         for (int i = 0; i < st->n_ahead_jobs && u < end && left && r->n < CPU_NEXT_MAX; i++) {
             const ahead_job *a = &st->ahead_jobs[i];
             if (u < u0 + a->units) {
@@ -341,30 +340,6 @@ static void ahead_finish_more(cpu_state *st, size_t more) {
         }
     }
     st->ahead_new = true;
-}
-
-static void ahead_finish(cpu_state *st) { ahead_finish_more(st, 0); }
-
-/* The published plan's next bytes for thread ith (what its waits have not requested yet), for
- * a compute stage to request as it goes (attn_side); none with one thread. */
-static attn_side ahead_side(const cpu_state *st, int ith) {
-    attn_side sd = {NULL, NULL};
-    if (st->nth == 1) return sd;
-    const ahead_thr *t = st->ahead[st->ahead_cur] + ith;
-    size_t o = t->done;
-    for (int i = 0; i < t->r.n; o -= t->r.len[i], i++)
-        if (o < t->r.len[i]) {
-            sd.p = (const char *)t->r.p[i] + o;
-            sd.end = (const char *)t->r.p[i] + t->r.len[i];
-            break;
-        }
-    return sd;
-}
-
-/* Thread ith's compute stage requested side (from ahead_side, starting at p0): its waits go on
- * from there. */
-static void ahead_side_done(cpu_state *st, int ith, const attn_side *sd, const char *p0) {
-    if (st->nth > 1) st->ahead[st->ahead_cur][ith].done += (size_t)(sd->p - p0);
 }
 
 /* pool_idle_fn: the next AHEAD_CHUNK bytes of thread ith's plan into its L2. */
@@ -535,16 +510,13 @@ static void attn_task(void *ctx, int ith, int nth) {
     int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv, i0, i1;
     attn_split(c->b, hp->n_head_kv, ith, nth, &i0, &i1);
     float *scratch = st->scores + (size_t)ith * st->scratch_stride;
-    attn_side sd = ahead_side(st, ith); /* the o projection's weights, requested as attention computes */
-    const char *sd0 = sd.p;
     for (int i = i0; i < i1; i++) {
         int r = i / hp->n_head_kv, kvh = i % hp->n_head_kv;
         const fp16_t *K = kv_ptr(st->kv, c->b->slot[r], c->layer, 0, kvh);
         const fp16_t *V = kv_ptr(st->kv, c->b->slot[r], c->layer, 1, kvh);
         size_t o = (size_t)r * H + (size_t)kvh * group * hd;
-        st->attn(st->q + o, group, K, V, c->b->pos[r], hd, st->attn_scale, st->att + o, scratch, &sd);
+        st->attn(st->q + o, group, K, V, c->b->pos[r], hd, st->attn_scale, st->att + o, scratch);
     }
-    ahead_side_done(st, ith, &sd, sd0);
 }
 
 static void act_att_task(void *ctx, int ith, int nth) {
@@ -811,7 +783,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         job_add(st, &L->wv, 0, act, ab, n, st->v, (size_t)HKV);
         ahead_start(st);
         ahead_add(st, &L->wo, 0, n);
-        ahead_finish_more(st, st->side_bytes); /* attention requests these as it computes */
+        ahead_finish(st);
         jobs_run(st);
         prof_mark(st, CS_QKV);
         /* work x4: the K/V stores go to arena lines that are cold at every step */
@@ -889,12 +861,9 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
     if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
-    if (o->cpu_side < -1 || o->cpu_side > (1L << 30))
-        return err_set(err, "cpu side bytes = %ld (must be -1..2^30)", o->cpu_side);
     cpu_state *st = xcalloc(1, sizeof *st);
     st->m = m;
     st->ahead_bytes = o->cpu_ahead < 0 ? (size_t)CPU_AHEAD_BYTES : (size_t)o->cpu_ahead;
-    st->side_bytes = o->cpu_side < 0 ? (size_t)CPU_SIDE_BYTES : (size_t)o->cpu_side;
     st->kv = kv;
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;

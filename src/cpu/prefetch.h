@@ -104,11 +104,6 @@ typedef struct cpu_next {
 #ifndef CPU_AHEAD_HINT
 #define CPU_AHEAD_HINT _MM_HINT_T1
 #endif
-/* How much more of the o projection's each thread requests into L2 while attention computes
- * (attn_side: a line every few vector steps, where the memory pipe would otherwise idle). */
-#ifndef CPU_SIDE_BYTES
-#define CPU_SIDE_BYTES (256 * 1024)
-#endif
 
 /* _mm_prefetch with the hint as a value (a constant once inlined). */
 static inline __attribute__((always_inline)) void cpu_pf(const void *p, int hint) {
