@@ -307,11 +307,28 @@ typedef struct paired_out {
     double place[2][2], place_ctl[2][2], rtt_lo, rtt_hi;
     int place_n[2];
     double rate_place[2]; /* engine 1's tok/s / engine 0's per step, median [near / far], or -1 */
+    double waited;        /* seconds spent waiting for the placement asked for (--place) */
     bool same;
 } paired_out;
 
+#define BENCH_PLACE_WAIT_S 900.0 /* the most a paired run waits for its placement, in all */
+
+/* Waits until the probe's two threads sit in placement `place` (0: one core complex, a round
+ * trip of at most BENCH_RTT_FAR_NS; 1: two) or `budget` seconds pass, checking every 0.2 s;
+ * returns the seconds waited. The host moves the VM's vCPUs every few seconds to minutes, so a
+ * pair started right after a match most likely runs in that placement (the split after each
+ * pair says whether it did). */
+static double place_wait(bench_probe *probe, int place, double budget) {
+    const double t0 = time_now();
+    while ((bench_probe_rtt(probe) > BENCH_RTT_FAR_NS) != place && time_now() - t0 < budget) {
+        const struct timespec ts = {0, 200000000};
+        nanosleep(&ts, NULL);
+    }
+    return time_now() - t0;
+}
+
 static int paired_run(engine *const *eng, const char *const *names, int n_eng, bench_probe *probe, int plen, int n,
-                      bool trace, paired_out *po, ditto_err *err) {
+                      bool trace, int place, paired_out *po, ditto_err *err) {
     DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
     int32_t tok[2], pos[2], sl[2];
     int held = 0; /* slots acquired */
@@ -331,8 +348,10 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
         if (prefill(eng[k], sl[k], plen, &rng, &tok[k], err) < 0) goto fail;
     }
     po->same = true;
+    po->waited = 0;
     for (int i = 0; i < n; i++) {
         double gbs[2];
+        if (place >= 0) po->waited += place_wait(probe, place, BENCH_PLACE_WAIT_S - po->waited);
         for (int kk = 0; kk < n_eng; kk++) {
             const int k = n_eng == 2 && (i & 1) ? 1 - kk : kk; /* ABBA: neither engine always goes first */
             engine *e = eng[k];
@@ -669,6 +688,7 @@ static void cpu_describe(char *buf, size_t cap) {
 
 /* The per-step tok/s ratio of a paired run's two engines by the threads' placement (paired_out). */
 static void print_placement_ratio(const paired_out *po) {
+    if (po->waited > 0) printf("(%.0f s waited for the placement asked for) ", po->waited);
     printf("by the threads' placement (round trip %.0f–%.0f ns; far: over %d): ", po->rtt_lo, po->rtt_hi, BENCH_RTT_FAR_NS);
     for (int h = 0; h < 2; h++) {
         printf("%s%s: ", h ? "; " : "", h ? "far" : "near");
@@ -682,7 +702,8 @@ static void print_placement_ratio(const paired_out *po) {
  * (cpu/prefetch.h), in one process, each pair back to back in alternating order (paired_run);
  * prints each form's per-step tok/s ratio to near-far (the fairest A/B this VM allows: the phases
  * hit both alike) and whether the forms' logits were bitwise equal at every step. */
-static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, bool trace, ditto_err *err) {
+static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, bool trace, int place,
+                     ditto_err *err) {
     engine *ef[CPU_STREAM_COUNT] = {NULL};
     paired_out po[CPU_STREAM_COUNT];
     int rc = -1;
@@ -694,7 +715,7 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
     for (int f = 1; f < CPU_STREAM_COUNT; f++) {
         engine *const pair[2] = {ef[CPU_STREAM_NEAR_FAR], ef[f]};
         const char *const names[2] = {cpu_stream_name(CPU_STREAM_NEAR_FAR), cpu_stream_name(f)};
-        if (paired_run(pair, names, 2, probe, plen, n, trace, &po[f], err) < 0) goto done;
+        if (paired_run(pair, names, 2, probe, plen, n, trace, place, &po[f], err) < 0) goto done;
     }
     printf("\nstream forms (%d solo steps in %s and in each other form, each pair back to back in alternating order and"
            " followed by one probe pass):\n\n"
@@ -719,7 +740,7 @@ done:
 /* n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
  * stream forms; what: the question, a / b: A's and B's setting. Prints B against A. */
 static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
-                       const char *b, bench_probe *probe, int plen, int n, ditto_err *err) {
+                       const char *b, bench_probe *probe, int plen, int n, int place, ditto_err *err) {
     engine *ea[2] = {NULL, NULL};
     int rc = -1;
     for (int k = 0; k < 2; k++) {
@@ -729,7 +750,7 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     }
     paired_out po;
     const char *const names[2] = {"A", "B"};
-    if (paired_run(ea, names, 2, probe, plen, n, false, &po, err) < 0) goto done;
+    if (paired_run(ea, names, 2, probe, plen, n, false, place, &po, err) < 0) goto done;
     printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order and followed by one"
            " probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
            " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); logits bitwise equal at"
@@ -744,14 +765,15 @@ done:
 }
 
 /* --ahead-ab B: the run's requests ahead (--ahead, or the default) against B bytes. */
-static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, ditto_err *err) {
+static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, int place,
+                     ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_ahead = bytes;
     char a[48], b[32];
     if (base->cpu_ahead < 0) snprintf(a, sizeof a, "with the default %d bytes", CPU_AHEAD_BYTES);
     else snprintf(a, sizeof a, "with %ld bytes", base->cpu_ahead);
     snprintf(b, sizeof b, "with %ld", bytes);
-    return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, err);
+    return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, place, err);
 }
 
 
@@ -759,7 +781,7 @@ int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    int ahead = -1, ahead_ab = -1, chunk = 512;
+    int ahead = -1, ahead_ab = -1, chunk = 512, place = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -789,8 +811,10 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
+        else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
+            place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--place near|far]] [--ahead B] [--profile]\n");
             return 2;
         }
     }
@@ -911,7 +935,7 @@ int bench_cmd(int argc, char **argv) {
         engine *pe[2] = {e, eu};
         paired_out po;
         const char *const names[2] = {"solo", "unify"};
-        if (paired_run(pe, names, 2, probe, plen, paired, trace, &po, &err) < 0) goto fail;
+        if (paired_run(pe, names, 2, probe, plen, paired, trace, place, &po, &err) < 0) goto fail;
         printf("\npaired (%d decode steps of one stream per path, the two paths' steps back to back in alternating order,"
                " each pair followed by one pass of the probe's %d patterns): step read rate %% of the best pattern right"
                " after it\n\n",
@@ -933,6 +957,7 @@ int bench_cmd(int argc, char **argv) {
                 else printf("no steps");
             }
         printf("\n");
+        if (po.waited > 0) printf("\n%.0f s waited for the placement asked for (--place)", po.waited);
         printf("\nby the threads' placement (a cache line's round trip between two probe threads right after each pair, %.0f–%.0f"
                " ns; far: over %d ns, the threads on two core complexes):", po.rtt_lo, po.rtt_hi, BENCH_RTT_FAR_NS);
         for (int k = 0; k < 2; k++)
@@ -973,8 +998,8 @@ int bench_cmd(int argc, char **argv) {
         }
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
-    if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, &err) < 0) goto fail;
-    if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, &err) < 0) goto fail;
+    if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
+    if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, place, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

@@ -27,7 +27,7 @@ static void usage(FILE *f) {
             "       [--logits-hash] [--dump-logits PATH]   greedy generation (ids, or text for -p/--chat)\n"
             "  tokenize [-m FILE] [--pieces] [--no-special] TEXT\n"
             "  bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R]\n"
-            "       [--paired N [--trace] [--forms] [--ahead-ab B]] [--ahead B] [--profile]   decode throughput vs the measured read bandwidth\n"
+            "       [--paired N [--trace] [--forms] [--ahead-ab B] [--place near|far]] [--ahead B] [--profile]   decode throughput vs the measured read bandwidth\n"
             "  synth -o FILE [--preset 30b-a3b|tiny] [geometry flags] [--type q4_k_m|q5_k_m|q4_0|q8_0]   random-weight model\n");
 }
 

@@ -178,8 +178,8 @@ int main(void) {
           aline);
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
-                      {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}};
-    for (int i = 0; i < 5; i++) {
+                      {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"}};
+    for (int i = 0; i < 6; i++) {
         rc = run_bench(3, bad[i], out, sizeof out);
         CHECK(rc == 2, "%s %s: exit %d, want 2", bad[i][1], bad[i][2], rc);
     }
