@@ -776,7 +776,6 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
     return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, place, err);
 }
 
-
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
