@@ -80,7 +80,7 @@ static void run_model(const char *path, const char *name) {
     }
     CHECK(finite, "%s: non-finite logits", name);
     CHECK(memcmp(solo_h, h, sizeof h) == 0 && memcmp(solo_t, t, sizeof t) == 0, "%s: batched != solo", name);
-    printf("%-32s loads, runs, finite logits, batched == solo: %s\n", name,
+    printf("%-42s loads, runs, finite logits, batched == solo: %s\n", name,
            finite && memcmp(solo_h, h, sizeof h) == 0 ? "yes" : "NO");
     model_free(m);
 }
