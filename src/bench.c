@@ -776,11 +776,22 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
     return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, place, err);
 }
 
+/* --one-job-ab B: the run's solo step form (--one-job, or the default) against B (0: a pool job
+ * per stage, 1: the step as one pool job with barriers). */
+static int one_job_run(model *m, const engine_opts *base, int b_on, bench_probe *probe, int plen, int n, int place,
+                       ditto_err *err) {
+    engine_opts vb = *base;
+    vb.cpu_one_job = b_on;
+    static const char *const form[2] = {"a pool job per stage", "one pool job a step"};
+    const char *a = base->cpu_one_job < 0 ? "the default" : form[base->cpu_one_job];
+    return opts_ab_run(m, base, &vb, "solo step form", a, form[b_on], probe, plen, n, place, err);
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    int ahead = -1, ahead_ab = -1, chunk = 512, place = -1;
+    int ahead = -1, ahead_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -806,6 +817,10 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead)) return 2;
         } else if (!strcmp(a, "--ahead-ab") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1 << 30, &ahead_ab)) return 2;
+        } else if (!strcmp(a, "--one-job") && has) {
+            if (cli_int("bench", a, argv[++i], 0, 1, &one_job)) return 2;
+        } else if (!strcmp(a, "--one-job-ab") && has) {
+            if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
@@ -813,7 +828,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--place near|far]] [--ahead B] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--one-job-ab 0|1] [--place near|far]] [--ahead B] [--one-job 0|1] [--profile]\n");
             return 2;
         }
     }
@@ -835,6 +850,7 @@ int bench_cmd(int argc, char **argv) {
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, chunk)); /* the prefill's rows per forward call */
     o.profile = profile;
     o.cpu_ahead = ahead;
+    o.cpu_one_job = one_job;
     engine *e = NULL, *eu = NULL;
     double tc = time_now();
     if (engine_create(&e, m, &o, &err)) {
@@ -999,6 +1015,7 @@ int bench_cmd(int argc, char **argv) {
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, place, &err) < 0) goto fail;
+    if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, probe, plen, paired, place, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

@@ -11,6 +11,7 @@ void engine_opts_default(engine_opts *o) {
     o->cpu_level = -1;
     o->cpu_stream = -1;
     o->cpu_ahead = -1;
+    o->cpu_one_job = -1;
     o->unify = false;
     o->profile = false;
 }
@@ -31,7 +32,7 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
         return -1;
     }
     e->be = &cpu_backend_ops;
-    backend_opts bo = {o->n_threads, o->max_rows, o->cpu_level, o->cpu_stream, o->cpu_ahead, o->profile};
+    backend_opts bo = {o->n_threads, o->max_rows, o->cpu_level, o->cpu_stream, o->cpu_ahead, o->cpu_one_job, o->profile};
     if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {
         kv_arena_free(e->kv);
         free(e);

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 #include <immintrin.h>
 
 #include "common.h"
@@ -47,6 +48,10 @@ struct pool {
     pool_idle_fn idle; /* of the current job, NULL for none */
     void *idle_ctx;
     _Atomic double spin; /* seconds a waiting thread spins before it sleeps */
+    /* pool_barrier: arrivals and generation on one line (two threads: two line transfers a barrier) */
+    struct {
+        atomic_uint count, gen;
+    } __attribute__((aligned(64))) bar;
 };
 
 typedef struct worker_arg {
@@ -83,7 +88,8 @@ static void *worker(void *arg) {
 
 pool *pool_create(int n_threads) {
     DT_ASSERT(n_threads >= 1);
-    pool *p = xcalloc(1, sizeof *p);
+    pool *p = xaligned(sizeof *p); /* bar on a line of its own */
+    memset(p, 0, sizeof *p);
     p->n = n_threads;
     atomic_init(&p->spin, POOL_SPIN_S);
     pthread_mutex_init(&p->mu, NULL);
@@ -115,6 +121,17 @@ void pool_free(pool *p) {
 }
 
 int pool_size(const pool *p) { return p->n; }
+
+void pool_barrier(pool *p) {
+    if (p->n == 1) return;
+    const unsigned g = atomic_load_explicit(&p->bar.gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->bar.count, 1, memory_order_acq_rel) == (unsigned)p->n - 1) {
+        atomic_store_explicit(&p->bar.count, 0, memory_order_relaxed);
+        atomic_store_explicit(&p->bar.gen, g + 1, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&p->bar.gen, memory_order_acquire) == g) _mm_pause();
+}
 
 void pool_set_spin(pool *p, double seconds) {
     DT_ASSERT(seconds >= 0.0);

@@ -34,6 +34,11 @@ typedef bool (*pool_idle_fn)(void *idle_ctx, int ith);
  * (but for what idle itself writes of thread ith's part) until the next pool_run returns. */
 void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle_ctx);
 
+/* Inside a job: returns once all of p's threads have called it (a spin barrier; every write a
+ * thread made before its call is visible to every thread after theirs). Every thread of the
+ * job must call it the same number of times. */
+void pool_barrier(pool *p);
+
 /* [lo, hi) of n items for thread ith of nth, rounded to multiples of `align`. */
 static inline void pool_split(int n, int align, int ith, int nth, int *lo, int *hi) {
     int units = (n + align - 1) / align;

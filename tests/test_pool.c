@@ -2,7 +2,8 @@
  * work given with a job (pool_run_idle) is called by each thread with its own index while it
  * waits, stops for good once it returns false, and stops when the next job starts (a job run
  * with plain pool_run brings no idle work); a pool whose spin limit is 0 (pool_set_spin) leaves
- * the CPU at once after a job, one with the default spins on for up to POOL_SPIN_S. */
+ * the CPU at once after a job, one with the default spins on for up to POOL_SPIN_S; pool_barrier
+ * inside a job holds every thread until all have reached it, round after round. */
 #include <stdatomic.h>
 #include <time.h>
 
@@ -43,6 +44,30 @@ static bool idle_fn(void *ctx, int ith) {
     return d->limit == 0 || c < d->limit;
 }
 
+/* Rounds of: thread ith writes round r into its slot (thread r % NT after a short spin, so it
+ * comes last), pool_barrier, every thread checks every slot reads r, pool_barrier again (so no
+ * slot is overwritten while another thread still checks it). */
+#define BAR_ROUNDS 2000
+typedef struct bar_job {
+    pool *p;
+    _Atomic int slot[NT];
+    _Atomic int bad;
+} bar_job;
+
+static void bar_fn(void *ctx, int ith, int nth) {
+    bar_job *b = ctx;
+    for (int r = 1; r <= BAR_ROUNDS; r++) {
+        if (ith == r % nth)
+            for (volatile int k = 0; k < 2000; k++) {
+            }
+        atomic_store_explicit(&b->slot[ith], r, memory_order_relaxed);
+        pool_barrier(b->p);
+        for (int i = 0; i < nth; i++)
+            if (atomic_load_explicit(&b->slot[i], memory_order_relaxed) != r) atomic_fetch_add(&b->bad, 1);
+        pool_barrier(b->p);
+    }
+}
+
 static void sleep_s(double s) {
     const double t0 = time_now();
     while (time_now() - t0 < s) {
@@ -74,6 +99,12 @@ int main(void) {
     for (int i = 0; i < NT; i++) all &= atomic_load(&j.ran[i]) == 200;
     CHECK(all, "a plain job did not run once per thread per call");
     CHECK(atomic_load(&j.bad_nth) == 0, "a job saw nth != %d", NT);
+
+    /* barriers inside a job: no thread passes one before every thread wrote its slot */
+    bar_job bj = {.p = p};
+    pool_run(p, bar_fn, &bj);
+    pool_run(p, bar_fn, &bj); /* a second job: the barrier's state carries over */
+    CHECK(atomic_load(&bj.bad) == 0, "pool_barrier: %d slot reads saw an old round", atomic_load(&bj.bad));
 
     /* idle work with a limit: each worker calls it exactly `limit` times once left alone;
      * thread 0, whose wait is long (the workers spin 20 ms), as well */

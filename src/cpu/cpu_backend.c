@@ -83,7 +83,7 @@ typedef struct cpu_state {
     int stream; /* enum cpu_stream of the one-token kernels */
     size_t ahead_bytes; /* of the next gemm stage, each waiting thread requests (ahead_finish) */
     bool prfchw; /* the CPU has PREFETCHW */
-    char desc[96];
+    char desc[128];
     quant_gemm_fn gemm[QT_COUNT];
     repack_gemm_next_fn gemm_rp[QT_COUNT];  /* kernels on repacked matrices */
     const cpu_prepared *prep;
@@ -116,6 +116,13 @@ typedef struct cpu_state {
     bool ahead_new;                         /* ahead[!ahead_cur] holds a plan to publish with the next pool job */
     ahead_job ahead_jobs[MAX_JOBS];         /* the next plan's jobs, while it is built */
     int n_ahead_jobs;
+    /* the solo step as one pool job (solo_task): on, and each thread's copies of the rows every
+     * thread computes whole (the norms' outputs, the routing) */
+    bool one_job;
+    float *xn_t;                            /* [nth][n_embd] */
+    act_set *a_t;                           /* [nth]: one row of width n_embd, f32 = xn_t's */
+    int32_t *sel_t;                         /* [nth][n_used] */
+    float *selw_t;                          /* [nth][n_used] */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
     bool profile;
     double prof_t0;                        /* end of the last profiled stage */
@@ -440,43 +447,44 @@ static inline fp16_t f2h(float f) { return (fp16_t)_cvtss_sh(f, _MM_FROUND_TO_NE
 /* Asks for the line at p in a state to be written (PREFETCHW; only where CPUID reports it: st->prfchw). */
 static inline void prefetch_w(const void *p) { __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p)); }
 
-/* Q/K norm + RoPE; K and V stored to the arena as fp16. Items: (row, KV head) pairs, each
- * with the query heads that share the KV head. The arena lines the item stores to are cold
+/* Q/K norm + RoPE of row r's query heads that share KV head h and of its K; K and V stored to
+ * the arena as fp16 (qk_task: items (row, KV head)). The arena lines the item stores to are cold
  * (the whole model streamed through the caches since the last step; K's position-grouped
  * layout spreads one position over hd/2 lines): they are asked for first, so their fetches
  * overlap the query heads' work. */
+static void qk_item(cpu_state *st, int layer, const engine_batch *b, int r, int h) {
+    const model_hparams *hp = &st->m->hp;
+    const model_layer *L = &st->m->layers[layer];
+    int hd = hp->head_dim, half = hd / 2, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
+    int group = hp->n_head / hp->n_head_kv;
+    int pos = b->pos[r], slot = b->slot[r];
+    const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
+    fp16_t *kd = kv_ptr(st->kv, slot, layer, 0, h);
+    fp16_t *vd = kv_ptr(st->kv, slot, layer, 1, h) + (size_t)pos * hd;
+    if (st->prfchw) {
+        for (int d = 0; d < hd; d += 64 / (KV_POS_GROUP * (int)sizeof(fp16_t))) prefetch_w(kd + kv_k_index(pos, d, hd));
+        for (int d = 0; d < hd; d += 64 / (int)sizeof(fp16_t)) prefetch_w(vd + d);
+    }
+    for (int g = h * group; g < (h + 1) * group; g++) {
+        float *qh = st->q + (size_t)r * H + (size_t)g * hd;
+        st->rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
+        vec_rope(qh, cs, sn, half);
+    }
+    float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
+    const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
+    st->rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
+    vec_rope(kh, cs, sn, half);
+    for (int d = 0; d < hd; d++) {
+        kd[kv_k_index(pos, d, hd)] = f2h(kh[d]);
+        vd[d] = f2h(vh[d]);
+    }
+}
 static void qk_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
-    cpu_state *st = c->st;
-    const model_hparams *hp = &st->m->hp;
-    const model_layer *L = &st->m->layers[c->layer];
-    int hd = hp->head_dim, half = hd / 2, H = hp->n_head * hd, HKV = hp->n_head_kv * hd, i0, i1;
-    int group = hp->n_head / hp->n_head_kv;
-    pool_split(c->b->n * hp->n_head_kv, 1, ith, nth, &i0, &i1);
-    for (int i = i0; i < i1; i++) {
-        int r = i / hp->n_head_kv, h = i % hp->n_head_kv;
-        int pos = c->b->pos[r], slot = c->b->slot[r];
-        const float *cs = st->rope_cos + (size_t)pos * half, *sn = st->rope_sin + (size_t)pos * half;
-        fp16_t *kd = kv_ptr(st->kv, slot, c->layer, 0, h);
-        fp16_t *vd = kv_ptr(st->kv, slot, c->layer, 1, h) + (size_t)pos * hd;
-        if (st->prfchw) {
-            for (int d = 0; d < hd; d += 64 / (KV_POS_GROUP * (int)sizeof(fp16_t))) prefetch_w(kd + kv_k_index(pos, d, hd));
-            for (int d = 0; d < hd; d += 64 / (int)sizeof(fp16_t)) prefetch_w(vd + d);
-        }
-        for (int g = h * group; g < (h + 1) * group; g++) {
-            float *qh = st->q + (size_t)r * H + (size_t)g * hd;
-            st->rmsnorm(qh, qh, L->q_norm, hd, hp->rms_eps);
-            vec_rope(qh, cs, sn, half);
-        }
-        float *kh = st->k + (size_t)r * HKV + (size_t)h * hd;
-        const float *vh = st->v + (size_t)r * HKV + (size_t)h * hd;
-        st->rmsnorm(kh, kh, L->k_norm, hd, hp->rms_eps);
-        vec_rope(kh, cs, sn, half);
-        for (int d = 0; d < hd; d++) {
-            kd[kv_k_index(pos, d, hd)] = f2h(kh[d]);
-            vd[d] = f2h(vh[d]);
-        }
-    }
+    const int nkv = c->st->m->hp.n_head_kv;
+    int i0, i1;
+    pool_split(c->b->n * nkv, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) qk_item(c->st, c->layer, c->b, i / nkv, i % nkv);
 }
 
 /* Thread ith's items [*i0, *i1) of a batch's n rows x nkv KV heads, cut by work: an item of row r
@@ -502,21 +510,25 @@ static void attn_split(const engine_batch *b, int nkv, int ith, int nth, int *i0
     }
 }
 
+/* Attention of row r's query heads that share KV head kvh, into st->att. */
+static void attn_item(cpu_state *st, int layer, const engine_batch *b, int r, int kvh, float *scratch) {
+    const model_hparams *hp = &st->m->hp;
+    int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
+    const fp16_t *K = kv_ptr(st->kv, b->slot[r], layer, 0, kvh);
+    const fp16_t *V = kv_ptr(st->kv, b->slot[r], layer, 1, kvh);
+    size_t o = (size_t)r * H + (size_t)kvh * group * hd;
+    st->attn(st->q + o, group, K, V, b->pos[r], hd, st->attn_scale, st->att + o, scratch);
+}
+
 /* Items: (row, KV head) pairs, each with the query heads that share it. */
 static void attn_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
-    const model_hparams *hp = &st->m->hp;
-    int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv, i0, i1;
-    attn_split(c->b, hp->n_head_kv, ith, nth, &i0, &i1);
+    const int nkv = st->m->hp.n_head_kv;
+    int i0, i1;
+    attn_split(c->b, nkv, ith, nth, &i0, &i1);
     float *scratch = st->scores + (size_t)ith * st->scratch_stride;
-    for (int i = i0; i < i1; i++) {
-        int r = i / hp->n_head_kv, kvh = i % hp->n_head_kv;
-        const fp16_t *K = kv_ptr(st->kv, c->b->slot[r], c->layer, 0, kvh);
-        const fp16_t *V = kv_ptr(st->kv, c->b->slot[r], c->layer, 1, kvh);
-        size_t o = (size_t)r * H + (size_t)kvh * group * hd;
-        st->attn(st->q + o, group, K, V, c->b->pos[r], hd, st->attn_scale, st->att + o, scratch);
-    }
+    for (int i = i0; i < i1; i++) attn_item(st, c->layer, c->b, i / nkv, i % nkv, scratch);
 }
 
 static void act_att_task(void *ctx, int ith, int nth) {
@@ -544,26 +556,27 @@ static void ffn_in_task(void *ctx, int ith, int nth) {
     }
 }
 
-/* Top-k of each row's router logits by (value desc, index asc); weights
- * e_i = exp(l_i - l_max) summed in rank order, then divided. Items: rows. */
+/* Top-k of one row's router logits lg by (value desc, index asc) into sel; weights
+ * e_i = exp(l_i - l_max) summed in rank order, then divided, into w. */
+static void route_row(const model_hparams *hp, const float *lg, int32_t *sel, float *w) {
+    mathx_topk(lg, hp->n_expert, hp->n_expert_used, sel);
+    float lmax = lg[sel[0]], sum = 0.0f;
+    for (int i = 0; i < hp->n_expert_used; i++) {
+        w[i] = mathx_exp(lg[sel[i]] - lmax);
+        sum = sum + w[i];
+    }
+    for (int i = 0; i < hp->n_expert_used; i++) w[i] = w[i] / sum;
+}
+/* route_row over rows. Items: rows. */
 static void route_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
     const model_hparams *hp = &st->m->hp;
     int r0, r1;
     pool_split(c->b->n, 1, ith, nth, &r0, &r1);
-    for (int r = r0; r < r1; r++) {
-        const float *lg = st->router + (size_t)r * hp->n_expert;
-        int32_t *sel = st->sel + (size_t)r * hp->n_expert_used;
-        float *w = st->selw + (size_t)r * hp->n_expert_used;
-        mathx_topk(lg, hp->n_expert, hp->n_expert_used, sel);
-        float lmax = lg[sel[0]], sum = 0.0f;
-        for (int i = 0; i < hp->n_expert_used; i++) {
-            w[i] = mathx_exp(lg[sel[i]] - lmax);
-            sum = sum + w[i];
-        }
-        for (int i = 0; i < hp->n_expert_used; i++) w[i] = w[i] / sum;
-    }
+    for (int r = r0; r < r1; r++)
+        route_row(hp, st->router + (size_t)r * hp->n_expert, st->sel + (size_t)r * hp->n_expert_used,
+                  st->selw + (size_t)r * hp->n_expert_used);
 }
 
 /* h = silu(g) * u, quantized for the down projection. Items: pairs. */
@@ -750,6 +763,196 @@ static void ffn_dense(cpu_state *st, step_ctx *c, int n) {
     ffn_down_run(st, c);
 }
 
+
+/* ---- the solo step as one pool job ------------------------------------------------- */
+
+/* Requests the lines of [p, p + bytes) into L1: the small stages' cold inputs (norm weights),
+ * asked for before a barrier so their fetch overlaps the wait. */
+static void prefetch_l1(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* Rows [r0, r1) of matrix mat of w against one token's activations act (ab bytes): out[r]. */
+static void gemm_rows(const cpu_state *st, const model_weight *w, int mat, const void *act, size_t ab, float *out,
+                      int r0, int r1) {
+    if (r0 >= r1) return;
+    const prep_weight *pw;
+    int ur;
+    size_t us;
+    const uint8_t *p = job_weights(st, w, mat, 1, &ur, &us, &pw);
+    if (pw && pw->repacked)
+        st->gemm_rp[w->type](p, pw->group_bytes, r0, r1, w->cols, act, ab, 1, out, 0, NULL);
+    else
+        st->gemm[w->type](p, w->row_bytes, r0, r1, w->cols, act, ab, 1, out, 0);
+}
+
+/* gemm_rows with the activations of set a in w's format. */
+static void gemm_act(const cpu_state *st, const model_weight *w, int mat, const act_set *a, float *out, int r0, int r1) {
+    size_t ab;
+    const void *act = act_for(a, w, &ab);
+    gemm_rows(st, w, mat, act, ab, out, r0, r1);
+}
+
+/* Elements [off, off + len) of row r of src (whole blocks of every format in mask) quantized into
+ * row r of a: the same bytes act_row writes there, blocks being independent. */
+static void act_range(const cpu_state *st, act_set *a, const float *src, int r, int off, int len, unsigned mask) {
+    if ((mask & (1u << QA_Q8_32)) && a->q32)
+        cpu_quant_act_row(QA_Q8_32, src + off, a->q32 + (size_t)r * a->b32 + quant_act_bytes(QA_Q8_32, off), len,
+                          st->level);
+    if ((mask & (1u << QA_Q8_256)) && a->q256)
+        cpu_quant_act_row(QA_Q8_256, src + off, a->q256 + (size_t)r * a->b256 + quant_act_bytes(QA_Q8_256, off), len,
+                          st->level);
+}
+
+/* Whether a solo step of this model can run as solo_task: a MoE model whose KV-head groups'
+ * query rows and attention outputs are whole row units and activation blocks. */
+static bool solo_job_fits(const model_hparams *hp) {
+    const int G = hp->n_head_kv ? hp->n_head / hp->n_head_kv : 0;
+    return hp->arch == MODEL_ARCH_QWEN3MOE && G >= 1 && hp->head_dim % GEMM_UNIT == 0 && (G * hp->head_dim) % QK_K == 0 &&
+           hp->n_embd % GEMM_UNIT == 0 && hp->n_expert_used >= 1;
+}
+
+typedef struct solo_ctx {
+    cpu_state *st;
+    const engine_batch *b;
+} solo_ctx;
+
+/* One row's whole step on every thread, with a barrier where a stage needs what all threads
+ * wrote (five a layer) instead of a pool job per stage. Thread t owns KV heads [h0, h1) (their
+ * q/k/v rows, q/k norm, RoPE, K/V store, attention and the quantization of their attention
+ * output), output rows [o0, o1) of the o projection and the combine, router rows [e0, e1) and
+ * expert ranks [k0, k1) (gate, up, SwiGLU, down); the norms and the routing, which need whole
+ * rows, run on every thread into its own copies. Each value is computed by the same code as in
+ * the pool-job path, so the split cannot change a bit. The output head runs as jobs_task. */
+static void solo_task(void *ctx, int ith, int nth) {
+    const solo_ctx *c = ctx;
+    cpu_state *st = c->st;
+    const model *m = st->m;
+    const model_hparams *hp = &m->hp;
+    const int E = hp->n_embd, hd = hp->head_dim, G = hp->n_head / hp->n_head_kv, K = hp->n_expert_used, F = st->ffn;
+    const bool t0 = ith == 0;
+    float *xn = st->xn_t + (size_t)ith * E;
+    act_set *a = &st->a_t[ith];
+    int32_t *sel = st->sel_t + (size_t)ith * K;
+    float *selw = st->selw_t + (size_t)ith * K;
+    float *scratch = st->scores + (size_t)ith * st->scratch_stride;
+    int h0, h1, o0, o1, k0, k1;
+    pool_split(hp->n_head_kv, 1, ith, nth, &h0, &h1);
+    pool_split(E, GEMM_UNIT, ith, nth, &o0, &o1);
+    pool_split(K, 1, ith, nth, &k0, &k1);
+    size_t ab;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const model_layer *L = &m->layers[l];
+        st->rmsnorm(xn, st->x, L->attn_norm, E, hp->rms_eps);
+        act_row(st, a, xn, 0, act_mask(&L->wq) | act_mask(&L->wk) | act_mask(&L->wv));
+        if (t0) prof_mark(st, CS_NORM);
+        gemm_act(st, &L->wq, 0, a, st->q, h0 * G * hd, h1 * G * hd);
+        gemm_act(st, &L->wk, 0, a, st->k, h0 * hd, h1 * hd);
+        gemm_act(st, &L->wv, 0, a, st->v, h0 * hd, h1 * hd);
+        if (t0) {
+            st->weight_bytes += (uint64_t)L->wq.rows * L->wq.row_bytes + (uint64_t)L->wk.rows * L->wk.row_bytes +
+                                (uint64_t)L->wv.rows * L->wv.row_bytes;
+            prof_mark(st, CS_QKV);
+        }
+        for (int h = h0; h < h1; h++) qk_item(st, l, c->b, 0, h);
+        if (t0) prof_mark(st, CS_QK_ROPE);
+        for (int h = h0; h < h1; h++) attn_item(st, l, c->b, 0, h, scratch);
+        if (t0) {
+            st->kv_bytes += (uint64_t)(c->b->pos[0] + 1) * hp->n_head_kv * hd * 2 * sizeof(fp16_t);
+            prof_mark(st, CS_ATTN);
+        }
+        act_range(st, &st->a_att, st->att, 0, h0 * G * hd, (h1 - h0) * G * hd, act_mask(&L->wo));
+        pool_barrier(st->pool);
+        if (t0) prof_mark(st, CS_ACT_ATT);
+        gemm_act(st, &L->wo, 0, &st->a_att, st->tmp, o0, o1);
+        vec_add(st->x + o0, st->tmp + o0, o1 - o0);
+        if (t0) st->weight_bytes += (uint64_t)L->wo.rows * L->wo.row_bytes, prof_mark(st, CS_O);
+        prefetch_l1(L->ffn_norm, sizeof(float) * (size_t)E);
+        pool_barrier(st->pool);
+        st->rmsnorm(xn, st->x, L->ffn_norm, E, hp->rms_eps);
+        act_row(st, a, xn, 0, act_mask(&L->gate_exps) | act_mask(&L->up_exps) | act_mask(&L->gate_inp));
+        if (t0) prof_mark(st, CS_FFN_IN);
+        {
+            int ur, e0, e1;
+            size_t us;
+            const prep_weight *pw;
+            job_weights(st, &L->gate_inp, 0, 1, &ur, &us, &pw);
+            pool_split(hp->n_expert, ur, ith, nth, &e0, &e1);
+            gemm_act(st, &L->gate_inp, 0, a, st->router, e0, e1);
+        }
+        if (t0) st->weight_bytes += (uint64_t)L->gate_inp.rows * L->gate_inp.row_bytes;
+        pool_barrier(st->pool);
+        if (t0) prof_mark(st, CS_ROUTER);
+        route_row(hp, st->router, sel, selw);
+        if (t0) prof_mark(st, CS_ROUTE);
+        const void *act = act_for(a, &L->gate_exps, &ab);
+        for (int i = k0; i < k1; i++) {
+            gemm_rows(st, &L->gate_exps, sel[i], act, ab, st->g + (size_t)i * F, 0, F);
+            gemm_rows(st, &L->up_exps, sel[i], act, ab, st->u + (size_t)i * F, 0, F);
+        }
+        if (t0) {
+            st->weight_bytes += (uint64_t)K * F * (L->gate_exps.row_bytes + L->up_exps.row_bytes);
+            prof_mark(st, CS_GATE_UP);
+        }
+        for (int i = k0; i < k1; i++) {
+            float *g = st->g + (size_t)i * F, *u = st->u + (size_t)i * F, *h = st->h + (size_t)i * F;
+            st->swiglu(g, u, h, F);
+            act_row(st, &st->a_ff, h, i, act_mask(&L->down_exps));
+        }
+        if (t0) prof_mark(st, CS_SWIGLU);
+        const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
+        for (int i = k0; i < k1; i++)
+            gemm_rows(st, &L->down_exps, sel[i], hq + (size_t)i * ab, ab, st->y + (size_t)i * E, 0, E);
+        if (t0) st->weight_bytes += (uint64_t)K * E * L->down_exps.row_bytes;
+        pool_barrier(st->pool);
+        if (t0) prof_mark(st, CS_DOWN);
+        const float *y[K];
+        for (int i = 0; i < K; i++) y[i] = st->y + (size_t)i * E + o0;
+        vec_combine(st->x + o0, y, selw, K, o1 - o0);
+        if (l + 1 < hp->n_layer) {
+            const model_layer *N = &m->layers[l + 1];
+            prefetch_l1(N->attn_norm, sizeof(float) * (size_t)E);
+            prefetch_l1(N->q_norm, sizeof(float) * (size_t)hd);
+            prefetch_l1(N->k_norm, sizeof(float) * (size_t)hd);
+        } else
+            prefetch_l1(m->output_norm, sizeof(float) * (size_t)E);
+        pool_barrier(st->pool);
+        if (t0) prof_mark(st, CS_COMBINE);
+    }
+    if (t0 && st->n_jobs) out_norm_task(&(step_ctx){.st = st, .b = c->b, .n_out = 1, .out_rows = (const int32_t[]){0},
+                                                    .w0 = &m->output}, 0, 1);
+    pool_barrier(st->pool);
+    jobs_task(st, ith, nth);
+}
+
+/* cpu_forward for one row when st->one_job: the output head queued as a job (its units
+ * claimed as in any gemm stage), then solo_task on the pool. */
+static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
+    const model *m = st->m;
+    size_t ab;
+    if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
+    model_embed(m, b->token[0], st->x);
+    st->weight_bytes += m->tok_embd.row_bytes;
+    const uint64_t wb = st->weight_bytes;
+    st->n_jobs = 0;
+    st->warm.n = 0;
+    if (b->want_logits[0]) {
+        const void *act = act_for(&st->a_embd, &m->output, &ab);
+        job_add(st, &m->output, 0, act, ab, 1, logits, (size_t)m->hp.n_vocab);
+        st->job_unit0[0] = 0;
+        st->job_unit0[1] = (st->jobs[0].rows + st->jobs[0].unit_rows - 1) / st->jobs[0].unit_rows;
+        claim_reset(&st->claim, st->job_unit0[1]);
+    } else
+        claim_reset(&st->claim, 0);
+    const uint64_t out_bytes = st->weight_bytes - wb; /* counted with the output stage, below */
+    st->weight_bytes = wb;
+    solo_ctx c = {st, b};
+    pool_run(st->pool, solo_task, &c);
+    st->weight_bytes += out_bytes;
+    st->n_jobs = 0;
+    if (st->profile) prof_mark(st, CS_OUTPUT);
+}
+
 /* Attention work of a batch: positions x query-head elements. */
 static long attn_work(const engine_batch *b, int H) {
     long w = 0;
@@ -763,6 +966,10 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     const model_hparams *hp = &m->hp;
     int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
     DT_ASSERT(n >= 1 && n <= st->max_rows);
+    if (solo && n == 1 && st->one_job) {
+        solo_forward(st, b, logits);
+        return;
+    }
     if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
     for (int r = 0; r < n; r++) model_embed(m, b->token[r], st->x + (size_t)r * E);
     st->weight_bytes += (uint64_t)n * m->tok_embd.row_bytes;
@@ -863,6 +1070,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
     cpu_state *st = xcalloc(1, sizeof *st);
     st->m = m;
+    st->one_job = o->cpu_one_job != 0 && o->n_threads > 1 && solo_job_fits(hp);
     st->ahead_bytes = o->cpu_ahead < 0 ? (size_t)CPU_AHEAD_BYTES : (size_t)o->cpu_ahead;
     st->kv = kv;
     st->nth = o->n_threads;
@@ -879,9 +1087,10 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
-    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s", cpu_level_name(st->level),
+    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s", cpu_level_name(st->level),
              st->level == CPU_AVX2 && cpu_avx_vnni() ? " (avx-vnni)" : "", st->nth, st->nth > 1 ? "s" : "",
-             forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "");
+             forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "",
+             st->one_job ? ", solo step as one pool job" : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);
@@ -927,6 +1136,14 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->exp_off = xcalloc((size_t)NE, sizeof(int));
     st->scratch_stride = (attn_scratch_floats(hp->n_head / hp->n_head_kv, ctx - 1, hd) + 15) & ~(size_t)15;
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
+    st->xn_t = xaligned(sizeof(float) * (size_t)st->nth * E);
+    st->a_t = xcalloc((size_t)st->nth, sizeof(act_set));
+    for (int t = 0; t < st->nth; t++) {
+        act_set_init(&st->a_t[t], E, 1);
+        st->a_t[t].f32 = st->xn_t + (size_t)t * E;
+    }
+    st->sel_t = xcalloc((size_t)st->nth * K, sizeof(int32_t));
+    st->selw_t = xcalloc((size_t)st->nth * K, sizeof(float));
     st->attn = attn_select(st->level, hd);
     st->swiglu = vec_swiglu_select(st->level);
     st->rmsnorm = vec_rmsnorm_select(st->level);
@@ -961,10 +1178,12 @@ static void cpu_destroy(void *state) {
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
+    for (int t = 0; t < st->nth; t++) act_set_free(&st->a_t[t]);
+    free(st->a_t);
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
                     st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
                     st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
-                    st->scores,   st->ahead[0], st->ahead[1]};
+                    st->scores,   st->ahead[0], st->ahead[1], st->xn_t, st->sel_t, st->selw_t};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(st);
 }
