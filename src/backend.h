@@ -25,7 +25,7 @@ typedef struct backend_opts {
     int cpu_level;  /* CPU kernels: -1 = best detected (enum cpu_level otherwise) */
     int cpu_stream; /* one-token kernels' weight stream form: -1 = this host's (enum cpu_stream otherwise) */
     long cpu_ahead; /* bytes of the next gemm stage a waiting CPU thread requests: -1 = CPU_AHEAD_BYTES */
-    int cpu_one_job; /* a solo step as one pool job (cpu_backend.c, solo_task) where it fits: -1 / 1 on, 0 off */
+    int cpu_one_job; /* a solo step as one pool job (cpu_backend.c, solo_task) where it fits: 1 on, 0 off, -1 host default */
     bool profile;   /* time every stage of the step (see backend_ops.profile) */
 } backend_opts;
 

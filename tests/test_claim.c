@@ -1,13 +1,17 @@
 /* test_claim.c — segmented work claiming (src/cpu/claim.c): under real concurrency, with
  * threads delayed at random or one thread absent, every unit is handed out exactly once;
  * runs are non-empty; each thread's own runs are consecutive from its segment's start; a
- * lone thread takes its whole segment front to back; others steal only from backs. */
+ * lone thread takes its whole segment front to back; others steal only from backs. Stages
+ * inside one pool job, each thread setting up its own segment (claim_reset_own) with a barrier
+ * between stages, hand out every unit of every stage exactly once. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "common.h"
 #include "cpu/claim.h"
+#include "pool.h"
 #include "test.h"
 
 #define MAXT 8
@@ -90,6 +94,39 @@ static int stage(claim_set *c, int nth, int total, int absent, int delay_us, uin
     return steals;
 }
 
+/* Stages in one job: stage s has stage_total(s) units (0 and 1 among them); every thread resets
+ * its own segment, claims, counts each unit it got (a thread of its own is late now and then),
+ * then waits at the barrier. */
+#define JSTAGES 300
+#define JMAX 257
+typedef struct job_stages {
+    pool *p;
+    claim_set c;
+    _Atomic int got[JSTAGES][JMAX];
+    _Atomic int bad;
+} job_stages;
+static int stage_total(int s) { return (s * 37 + 11) % JMAX * (s % 5 != 0); }
+
+static void stages_fn(void *ctx, int ith, int nth) {
+    job_stages *j = ctx;
+    (void)nth;
+    for (int s = 0; s < JSTAGES; s++) {
+        if ((s + ith) % 7 == 0)
+            for (volatile int k = 0; k < 3000; k++) {
+            }
+        const int total = stage_total(s);
+        claim_reset_own(&j->c, total, ith);
+        int a, b;
+        bool own;
+        while (claim_next(&j->c, ith, &a, &b, &own))
+            for (int u = a; u < b; u++) {
+                if (u < 0 || u >= total) atomic_fetch_add(&j->bad, 1);
+                else atomic_fetch_add(&j->got[s][u], 1);
+            }
+        pool_barrier(j->p);
+    }
+}
+
 int main(void) {
     static const int totals[] = {0, 1, 2, 3, 7, 8, 9, 31, 100, 1000, 20000};
     uint64_t seed = 0x9E3779B97F4A7C15ULL;
@@ -142,5 +179,20 @@ int main(void) {
             CHECK(steals > 0, "nth %d with thread %d absent: no steals", nth, absent);
             claim_free(&d);
         }
+    /* stages inside one pool job, each thread resetting its own segment */
+    for (int nth = 2; nth <= 4; nth++) {
+        static job_stages js;
+        memset(&js, 0, sizeof js);
+        js.p = pool_create(nth);
+        claim_init(&js.c, nth);
+        pool_run(js.p, stages_fn, &js);
+        int wrong = 0;
+        for (int s = 0; s < JSTAGES; s++)
+            for (int u = 0; u < JMAX; u++) wrong += atomic_load(&js.got[s][u]) != (u < stage_total(s));
+        CHECK(wrong == 0 && atomic_load(&js.bad) == 0, "nth %d: stages in one job: %d units not handed out once, %d out of range",
+              nth, wrong, atomic_load(&js.bad));
+        claim_free(&js.c);
+        pool_free(js.p);
+    }
     return test_summary();
 }

@@ -28,6 +28,13 @@ void claim_reset(claim_set *c, int total) {
     }
 }
 
+void claim_reset_own(claim_set *c, int total, int ith) {
+    DT_ASSERT(total >= 0 && ith >= 0 && ith < c->n);
+    const int f = claim_cut(total, c->n, ith), b = claim_cut(total, c->n, ith + 1);
+    c->seg[ith].end = b;
+    atomic_store_explicit(&c->seg[ith].fb, (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)b << 32, memory_order_relaxed);
+}
+
 /* Takes half of what is left of sg (at least one unit) from its front or, stealing, its back.
  * False when it is empty. */
 static bool seg_take(claim_seg *sg, bool back, int *u0, int *u1) {

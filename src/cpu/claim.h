@@ -37,6 +37,13 @@ void claim_free(claim_set *c);
 void claim_reset(claim_set *c, int total);
 static inline int claim_cut(int total, int n, int i) { return (int)((long long)total * i / n); }
 
+/* Thread ith's own segment of [0, total) set up by thread ith itself, for stages that follow one
+ * another inside one job with a barrier between them (no thread claims in stage s + 1 before
+ * every thread's claim_next returned false in stage s): when a stage starts every segment is
+ * empty, so another thread that looks at segment ith before this call finds nothing to steal,
+ * and after it finds only this stage's units. Every thread must call it with the same total. */
+void claim_reset_own(claim_set *c, int total, int ith);
+
 /* Thread ith's next run [*u0, *u1), non-empty: from its own segment's front (*own = true;
  * own runs are consecutive, ascending), else stolen from another's back. False when every
  * unit is claimed. Safe to call from all threads at once. */

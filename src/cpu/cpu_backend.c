@@ -25,6 +25,7 @@
 #define GEMM_UNIT_BYTES 16384 /* a float matrix's unit: as many rows as fit, 1..GEMM_UNIT */
 #define GEMM_FINE_TOK 4       /* ... for calls of up to this many tokens (more: each call re-reads them all) */
 #define MAX_JOBS 1024
+#define SOLO_BARRIERS 9 /* solo_task: eight a layer, then one before the output head */
 
 /* Stages of a step, in order, for the optional profile. */
 enum cpu_stage {
@@ -119,7 +120,7 @@ typedef struct cpu_state {
     /* the solo step as one pool job (solo_task): on, and each thread's copies of the rows every
      * thread computes whole (the norms' outputs, the routing) */
     bool one_job;
-    float *xn_t;                            /* [nth][n_embd] */
+    float *xn_t, *xr_t;                     /* [nth][n_embd]: the norms' outputs, x + the o projection */
     act_set *a_t;                           /* [nth]: one row of width n_embd, f32 = xn_t's */
     int32_t *sel_t;                         /* [nth][n_used] */
     float *selw_t;                          /* [nth][n_used] */
@@ -130,6 +131,7 @@ typedef struct cpu_state {
     double prof_s[CS_COUNT];               /* seconds per stage, summed */
     uint64_t prof_b[CS_COUNT];             /* weight bytes per stage, summed */
     double *prof_fin;                      /* [nth] when each thread ran out of gemm units */
+    double *prof_bar;                      /* [SOLO_BARRIERS][nth] when each thread reached solo_task's barrier b */
     double prof_ends;                      /* last - first thread done, since the last mark */
     double prof_e[CS_COUNT];               /* the same per stage, summed */
 } cpu_state;
@@ -772,27 +774,6 @@ static void prefetch_l1(const void *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-/* Rows [r0, r1) of matrix mat of w against one token's activations act (ab bytes): out[r]. */
-static void gemm_rows(const cpu_state *st, const model_weight *w, int mat, const void *act, size_t ab, float *out,
-                      int r0, int r1) {
-    if (r0 >= r1) return;
-    const prep_weight *pw;
-    int ur;
-    size_t us;
-    const uint8_t *p = job_weights(st, w, mat, 1, &ur, &us, &pw);
-    if (pw && pw->repacked)
-        st->gemm_rp[w->type](p, pw->group_bytes, r0, r1, w->cols, act, ab, 1, out, 0, NULL);
-    else
-        st->gemm[w->type](p, w->row_bytes, r0, r1, w->cols, act, ab, 1, out, 0);
-}
-
-/* gemm_rows with the activations of set a in w's format. */
-static void gemm_act(const cpu_state *st, const model_weight *w, int mat, const act_set *a, float *out, int r0, int r1) {
-    size_t ab;
-    const void *act = act_for(a, w, &ab);
-    gemm_rows(st, w, mat, act, ab, out, r0, r1);
-}
-
 /* Elements [off, off + len) of row r of src (whole blocks of every format in mask) quantized into
  * row r of a: the same bytes act_row writes there, blocks being independent. */
 static void act_range(const cpu_state *st, act_set *a, const float *src, int r, int off, int len, unsigned mask) {
@@ -812,102 +793,219 @@ static bool solo_job_fits(const model_hparams *hp) {
            hp->n_embd % GEMM_UNIT == 0 && hp->n_expert_used >= 1;
 }
 
+/* solo_task's barrier k (0..SOLO_BARRIERS-1); profiled, the time from the first thread there to
+ * the last goes to the stage thread 0 marks next (its "ends"). Thread 0 reads the others'
+ * arrival times right after the barrier: none can store to slot k again before thread 0 reaches
+ * the next barrier. */
+static void solo_barrier(cpu_state *st, int k, int ith) {
+    double *t = st->prof_bar + (size_t)k * st->nth;
+    if (st->profile) t[ith] = time_now();
+    pool_barrier(st->pool);
+    if (st->profile && ith == 0) {
+        double lo = t[0], hi = lo;
+        for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, t[i]), hi = DT_MAX(hi, t[i]);
+        st->prof_ends += hi - lo;
+    }
+}
+
+/* One matrix's rows [r0, r0 + rows) in a gemm stage of solo_task (one token): units of unit_rows
+ * rows, unit k's weights at wp + k * us. */
+typedef struct solo_job {
+    const model_weight *w;
+    const uint8_t *wp;
+    size_t us;
+    bool repacked;
+    int form; /* the kernel's stream form (job_form) */
+    const void *act;
+    size_t ab;
+    float *out;
+    int r0, rows, unit_rows, units;
+} solo_job;
+
+/* r0: a multiple of the matrix's unit rows. */
+static void solo_job_set(const cpu_state *st, solo_job *j, const model_weight *w, int mat, const void *act, size_t ab,
+                         float *out, int r0, int rows) {
+    int ur;
+    size_t us;
+    const prep_weight *pw;
+    const uint8_t *p = job_weights(st, w, mat, 1, &ur, &us, &pw);
+    DT_ASSERT(r0 % ur == 0);
+    const bool rp = pw && pw->repacked;
+    *j = (solo_job){w,   p + (size_t)(r0 / ur) * us, us, rp, rp ? st->stream : CPU_STREAM_NEAR_FAR, act, ab, out,
+                    r0,  rows,
+                    ur,  (rows + ur - 1) / ur};
+}
+
+/* job_prefetch for unit k of j. */
+static void solo_prefetch(const solo_job *j, int k, bool far) {
+    const char *p = (const char *)j->wp + (size_t)k * j->us;
+    const size_t left = (size_t)(j->units - k) * j->us, n = DT_MIN((size_t)CPU_FORM_DIST(j->form), left);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
+    if (far)
+        for (size_t o = n; o < DT_MIN((size_t)CPU_FORM_FAR(j->form), left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
+}
+
+/* job_next for unit k of j. */
+static void solo_next(const solo_job *j, int k, cpu_next *nx) {
+    const size_t off = (size_t)k * j->us + (size_t)CPU_FORM_DIST(j->form), len = (size_t)j->units * j->us;
+    nx->n = 0;
+    if (off < len) {
+        nx->p[0] = j->wp + off;
+        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(j->form), len - off);
+        nx->n = 1;
+    }
+}
+
+/* Units [k0, k1) of j, told what the thread reads next (nx). */
+static void solo_call(const cpu_state *st, const solo_job *j, int k0, int k1, const cpu_next *nx) {
+    const model_weight *w = j->w;
+    const int r0 = k0 * j->unit_rows, r1 = DT_MIN(k1 * j->unit_rows, j->rows);
+    float *out = j->out + j->r0;
+    if (j->repacked)
+        st->gemm_rp[w->type](j->wp, j->us / (size_t)(j->unit_rows / REPACK_ROWS), r0, r1, w->cols, j->act, j->ab, 1, out,
+                             0, nx);
+    else
+        st->gemm[w->type](j->wp, w->row_bytes, r0, r1, w->cols, j->act, j->ab, 1, out, 0);
+}
+
+/* Thread ith's part of a gemm stage over jobs[0..n) (every thread passes the same list): the
+ * units handed out by st->claim (its own segment front to back, then stealing), so a thread
+ * slowed by the host leaves the rest to the others. */
+static void solo_gemm(cpu_state *st, const solo_job *jobs, int n, int ith) {
+    int total = 0;
+    for (int i = 0; i < n; i++) total += jobs[i].units;
+    claim_reset_own(&st->claim, total, ith);
+    const int end = claim_seg_end(&st->claim, ith);
+    int a, b, ji = 0, u0 = 0; /* u0: the first unit of job ji */
+    bool own, first = true;
+    while (claim_next(&st->claim, ith, &a, &b, &own)) {
+        while (u0 > a) u0 -= jobs[--ji].units;
+        while (a >= u0 + jobs[ji].units) u0 += jobs[ji++].units;
+        if (first || !own) solo_prefetch(&jobs[ji], a - u0, true);
+        first = false;
+        for (int u = a; u < b;) {
+            while (u >= u0 + jobs[ji].units) u0 += jobs[ji++].units;
+            const solo_job *j = &jobs[ji];
+            const int e = DT_MIN(b, u0 + j->units);
+            cpu_next nx = {0};
+            if (e < b || (own && e < end)) { /* what this thread reads next: unit e */
+                int jn = ji, v0 = u0;
+                while (e >= v0 + jobs[jn].units) v0 += jobs[jn++].units;
+                solo_prefetch(&jobs[jn], e - v0, false);
+                solo_next(&jobs[jn], e - v0, &nx);
+            }
+            solo_call(st, j, u - u0, e - u0, &nx);
+            u = e;
+        }
+    }
+}
+
 typedef struct solo_ctx {
     cpu_state *st;
     const engine_batch *b;
 } solo_ctx;
 
-/* One row's whole step on every thread, with a barrier where a stage needs what all threads
- * wrote (five a layer) instead of a pool job per stage. Thread t owns KV heads [h0, h1) (their
- * q/k/v rows, q/k norm, RoPE, K/V store, attention and the quantization of their attention
- * output), output rows [o0, o1) of the o projection and the combine, router rows [e0, e1) and
- * expert ranks [k0, k1) (gate, up, SwiGLU, down); the norms and the routing, which need whole
- * rows, run on every thread into its own copies. Each value is computed by the same code as in
- * the pool-job path, so the split cannot change a bit. The output head runs as jobs_task. */
+/* One row's whole step on every thread, with spin barriers (eight a layer) where a stage needs
+ * what all threads wrote, instead of a pool job per stage. The gemm stages' units are claimed
+ * (solo_gemm); the q/k/v jobs go KV-head group by group, so a thread's own segment is about its
+ * heads' rows. Thread t owns KV heads [h0, h1) (q/k norm, RoPE, K/V store, attention and the
+ * quantization of their output), expert ranks [k0, k1) (SwiGLU) and elements [o0, o1) of the
+ * residual (the combine); the norms and the routing, which need whole rows, run on every
+ * thread into its own copies. Each value is computed by the same code as in the pool-job path
+ * (which thread computes a row never changes a bit). The output head runs as jobs_task. */
 static void solo_task(void *ctx, int ith, int nth) {
     const solo_ctx *c = ctx;
     cpu_state *st = c->st;
     const model *m = st->m;
     const model_hparams *hp = &m->hp;
     const int E = hp->n_embd, hd = hp->head_dim, G = hp->n_head / hp->n_head_kv, K = hp->n_expert_used, F = st->ffn;
+    const int nkv = hp->n_head_kv;
     const bool t0 = ith == 0;
-    float *xn = st->xn_t + (size_t)ith * E;
+    float *xn = st->xn_t + (size_t)ith * E, *xr = st->xr_t + (size_t)ith * E;
     act_set *a = &st->a_t[ith];
     int32_t *sel = st->sel_t + (size_t)ith * K;
     float *selw = st->selw_t + (size_t)ith * K;
     float *scratch = st->scores + (size_t)ith * st->scratch_stride;
     int h0, h1, o0, o1, k0, k1;
-    pool_split(hp->n_head_kv, 1, ith, nth, &h0, &h1);
+    pool_split(nkv, 1, ith, nth, &h0, &h1);
     pool_split(E, GEMM_UNIT, ith, nth, &o0, &o1);
     pool_split(K, 1, ith, nth, &k0, &k1);
+    solo_job jobs[DT_MAX(3 * nkv, 2 * K)];
     size_t ab;
     for (int l = 0; l < hp->n_layer; l++) {
         const model_layer *L = &m->layers[l];
         st->rmsnorm(xn, st->x, L->attn_norm, E, hp->rms_eps);
         act_row(st, a, xn, 0, act_mask(&L->wq) | act_mask(&L->wk) | act_mask(&L->wv));
         if (t0) prof_mark(st, CS_NORM);
-        gemm_act(st, &L->wq, 0, a, st->q, h0 * G * hd, h1 * G * hd);
-        gemm_act(st, &L->wk, 0, a, st->k, h0 * hd, h1 * hd);
-        gemm_act(st, &L->wv, 0, a, st->v, h0 * hd, h1 * hd);
-        if (t0) {
+        for (int h = 0; h < nkv; h++) {
+            const void *act = act_for(a, &L->wq, &ab);
+            solo_job_set(st, &jobs[3 * h], &L->wq, 0, act, ab, st->q, h * G * hd, G * hd);
+            act = act_for(a, &L->wk, &ab);
+            solo_job_set(st, &jobs[3 * h + 1], &L->wk, 0, act, ab, st->k, h * hd, hd);
+            act = act_for(a, &L->wv, &ab);
+            solo_job_set(st, &jobs[3 * h + 2], &L->wv, 0, act, ab, st->v, h * hd, hd);
+        }
+        solo_gemm(st, jobs, 3 * nkv, ith);
+        if (t0)
             st->weight_bytes += (uint64_t)L->wq.rows * L->wq.row_bytes + (uint64_t)L->wk.rows * L->wk.row_bytes +
                                 (uint64_t)L->wv.rows * L->wv.row_bytes;
-            prof_mark(st, CS_QKV);
-        }
+        solo_barrier(st, 0, ith);
+        if (t0) prof_mark(st, CS_QKV);
         for (int h = h0; h < h1; h++) qk_item(st, l, c->b, 0, h);
         if (t0) prof_mark(st, CS_QK_ROPE);
         for (int h = h0; h < h1; h++) attn_item(st, l, c->b, 0, h, scratch);
         if (t0) {
-            st->kv_bytes += (uint64_t)(c->b->pos[0] + 1) * hp->n_head_kv * hd * 2 * sizeof(fp16_t);
+            st->kv_bytes += (uint64_t)(c->b->pos[0] + 1) * nkv * hd * 2 * sizeof(fp16_t);
             prof_mark(st, CS_ATTN);
         }
         act_range(st, &st->a_att, st->att, 0, h0 * G * hd, (h1 - h0) * G * hd, act_mask(&L->wo));
-        pool_barrier(st->pool);
+        solo_barrier(st, 1, ith);
         if (t0) prof_mark(st, CS_ACT_ATT);
-        gemm_act(st, &L->wo, 0, &st->a_att, st->tmp, o0, o1);
-        vec_add(st->x + o0, st->tmp + o0, o1 - o0);
-        if (t0) st->weight_bytes += (uint64_t)L->wo.rows * L->wo.row_bytes, prof_mark(st, CS_O);
+        const void *act = act_for(&st->a_att, &L->wo, &ab);
+        solo_job_set(st, &jobs[0], &L->wo, 0, act, ab, st->tmp, 0, E);
+        solo_gemm(st, jobs, 1, ith);
+        if (t0) st->weight_bytes += (uint64_t)L->wo.rows * L->wo.row_bytes;
         prefetch_l1(L->ffn_norm, sizeof(float) * (size_t)E);
-        pool_barrier(st->pool);
-        st->rmsnorm(xn, st->x, L->ffn_norm, E, hp->rms_eps);
+        solo_barrier(st, 2, ith);
+        if (t0) prof_mark(st, CS_O);
+        vec_sum(xr, st->x, st->tmp, E);
+        st->rmsnorm(xn, xr, L->ffn_norm, E, hp->rms_eps);
         act_row(st, a, xn, 0, act_mask(&L->gate_exps) | act_mask(&L->up_exps) | act_mask(&L->gate_inp));
         if (t0) prof_mark(st, CS_FFN_IN);
-        {
-            int ur, e0, e1;
-            size_t us;
-            const prep_weight *pw;
-            job_weights(st, &L->gate_inp, 0, 1, &ur, &us, &pw);
-            pool_split(hp->n_expert, ur, ith, nth, &e0, &e1);
-            gemm_act(st, &L->gate_inp, 0, a, st->router, e0, e1);
-        }
+        act = act_for(a, &L->gate_inp, &ab);
+        solo_job_set(st, &jobs[0], &L->gate_inp, 0, act, ab, st->router, 0, hp->n_expert);
+        solo_gemm(st, jobs, 1, ith);
         if (t0) st->weight_bytes += (uint64_t)L->gate_inp.rows * L->gate_inp.row_bytes;
-        pool_barrier(st->pool);
+        solo_barrier(st, 3, ith);
         if (t0) prof_mark(st, CS_ROUTER);
         route_row(hp, st->router, sel, selw);
         if (t0) prof_mark(st, CS_ROUTE);
-        const void *act = act_for(a, &L->gate_exps, &ab);
-        for (int i = k0; i < k1; i++) {
-            gemm_rows(st, &L->gate_exps, sel[i], act, ab, st->g + (size_t)i * F, 0, F);
-            gemm_rows(st, &L->up_exps, sel[i], act, ab, st->u + (size_t)i * F, 0, F);
+        act = act_for(a, &L->gate_exps, &ab);
+        for (int i = 0; i < K; i++) {
+            solo_job_set(st, &jobs[2 * i], &L->gate_exps, sel[i], act, ab, st->g + (size_t)i * F, 0, F);
+            solo_job_set(st, &jobs[2 * i + 1], &L->up_exps, sel[i], act, ab, st->u + (size_t)i * F, 0, F);
         }
-        if (t0) {
-            st->weight_bytes += (uint64_t)K * F * (L->gate_exps.row_bytes + L->up_exps.row_bytes);
-            prof_mark(st, CS_GATE_UP);
-        }
+        solo_gemm(st, jobs, 2 * K, ith);
+        if (t0) st->weight_bytes += (uint64_t)K * F * (L->gate_exps.row_bytes + L->up_exps.row_bytes);
+        solo_barrier(st, 4, ith);
+        if (t0) prof_mark(st, CS_GATE_UP);
         for (int i = k0; i < k1; i++) {
             float *g = st->g + (size_t)i * F, *u = st->u + (size_t)i * F, *h = st->h + (size_t)i * F;
             st->swiglu(g, u, h, F);
             act_row(st, &st->a_ff, h, i, act_mask(&L->down_exps));
         }
+        solo_barrier(st, 5, ith);
         if (t0) prof_mark(st, CS_SWIGLU);
         const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
-        for (int i = k0; i < k1; i++)
-            gemm_rows(st, &L->down_exps, sel[i], hq + (size_t)i * ab, ab, st->y + (size_t)i * E, 0, E);
+        for (int i = 0; i < K; i++)
+            solo_job_set(st, &jobs[i], &L->down_exps, sel[i], hq + (size_t)i * ab, ab, st->y + (size_t)i * E, 0, E);
+        solo_gemm(st, jobs, K, ith);
         if (t0) st->weight_bytes += (uint64_t)K * E * L->down_exps.row_bytes;
-        pool_barrier(st->pool);
+        solo_barrier(st, 6, ith);
         if (t0) prof_mark(st, CS_DOWN);
         const float *y[K];
         for (int i = 0; i < K; i++) y[i] = st->y + (size_t)i * E + o0;
+        memcpy(st->x + o0, xr + o0, sizeof(float) * (size_t)(o1 - o0));
         vec_combine(st->x + o0, y, selw, K, o1 - o0);
         if (l + 1 < hp->n_layer) {
             const model_layer *N = &m->layers[l + 1];
@@ -916,17 +1014,18 @@ static void solo_task(void *ctx, int ith, int nth) {
             prefetch_l1(N->k_norm, sizeof(float) * (size_t)hd);
         } else
             prefetch_l1(m->output_norm, sizeof(float) * (size_t)E);
-        pool_barrier(st->pool);
+        solo_barrier(st, 7, ith);
         if (t0) prof_mark(st, CS_COMBINE);
     }
     if (t0 && st->n_jobs) out_norm_task(&(step_ctx){.st = st, .b = c->b, .n_out = 1, .out_rows = (const int32_t[]){0},
                                                     .w0 = &m->output}, 0, 1);
-    pool_barrier(st->pool);
+    solo_barrier(st, 8, ith);
+    claim_reset_own(&st->claim, st->n_jobs ? st->job_unit0[1] : 0, ith);
     jobs_task(st, ith, nth);
 }
 
-/* cpu_forward for one row when st->one_job: the output head queued as a job (its units
- * claimed as in any gemm stage), then solo_task on the pool. */
+/* cpu_forward for one row when st->one_job: the output head queued as a job (solo_task claims
+ * its units as jobs_task does in any gemm stage), then solo_task on the pool. */
 static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
     const model *m = st->m;
     size_t ab;
@@ -941,16 +1040,20 @@ static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
         job_add(st, &m->output, 0, act, ab, 1, logits, (size_t)m->hp.n_vocab);
         st->job_unit0[0] = 0;
         st->job_unit0[1] = (st->jobs[0].rows + st->jobs[0].unit_rows - 1) / st->jobs[0].unit_rows;
-        claim_reset(&st->claim, st->job_unit0[1]);
-    } else
-        claim_reset(&st->claim, 0);
+    }
+    claim_reset(&st->claim, 0); /* every segment empty: solo_task's stages set up their own (claim_reset_own) */
     const uint64_t out_bytes = st->weight_bytes - wb; /* counted with the output stage, below */
     st->weight_bytes = wb;
     solo_ctx c = {st, b};
     pool_run(st->pool, solo_task, &c);
     st->weight_bytes += out_bytes;
     st->n_jobs = 0;
-    if (st->profile) prof_mark(st, CS_OUTPUT);
+    if (st->profile) { /* pool_run's return orders the workers' prof_fin stores */
+        double lo = st->prof_fin[0], hi = lo;
+        for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, st->prof_fin[i]), hi = DT_MAX(hi, st->prof_fin[i]);
+        st->prof_ends += hi - lo;
+        prof_mark(st, CS_OUTPUT);
+    }
 }
 
 /* Attention work of a batch: positions x query-head elements. */
@@ -1070,19 +1173,22 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
     cpu_state *st = xcalloc(1, sizeof *st);
     st->m = m;
-    st->one_job = o->cpu_one_job != 0 && o->n_threads > 1 && solo_job_fits(hp);
     st->ahead_bytes = o->cpu_ahead < 0 ? (size_t)CPU_AHEAD_BYTES : (size_t)o->cpu_ahead;
     st->kv = kv;
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;
     st->profile = o->profile;
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
+    st->prof_bar = xcalloc((size_t)SOLO_BARRIERS * st->nth, sizeof(double));
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     st->stream = (int)cpu_stream_select((enum cpu_level)st->level, o->cpu_stream);
     const bool forms = st->level >= CPU_AVX2 && cpu_level_hw() >= CPU_AVX2; /* kernels with a form */
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
+    /* measured only where the one-token kernels stream plain (Zen 4); elsewhere on request */
+    st->one_job = (o->cpu_one_job > 0 || (o->cpu_one_job < 0 && st->stream == CPU_STREAM_PLAIN)) && st->nth > 1 &&
+                  solo_job_fits(hp);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
@@ -1137,6 +1243,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->scratch_stride = (attn_scratch_floats(hp->n_head / hp->n_head_kv, ctx - 1, hd) + 15) & ~(size_t)15;
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
     st->xn_t = xaligned(sizeof(float) * (size_t)st->nth * E);
+    st->xr_t = xaligned(sizeof(float) * (size_t)st->nth * E);
     st->a_t = xcalloc((size_t)st->nth, sizeof(act_set));
     for (int t = 0; t < st->nth; t++) {
         act_set_init(&st->a_t[t], E, 1);
@@ -1175,6 +1282,7 @@ static void cpu_destroy(void *state) {
     pool_free(st->pool);
     claim_free(&st->claim);
     free(st->prof_fin);
+    free(st->prof_bar);
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
@@ -1183,7 +1291,7 @@ static void cpu_destroy(void *state) {
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
                     st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
                     st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
-                    st->scores,   st->ahead[0], st->ahead[1], st->xn_t, st->sel_t, st->selw_t};
+                    st->scores,   st->ahead[0], st->ahead[1], st->xn_t, st->xr_t, st->sel_t, st->selw_t};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(st);
 }

@@ -15,6 +15,13 @@ static inline void vec_add(float *x, const float *t, int n) {
     for (; i < n; i++) x[i] = x[i] + t[i];
 }
 
+/* d[i] = x[i] + t[i] */
+static inline void vec_sum(float *d, const float *x, const float *t, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(t + i)));
+    for (; i < n; i++) d[i] = x[i] + t[i];
+}
+
 /* Rotary embedding of one head in the split-halves form: for i < half, with x0 = v[i] and
  * x1 = v[i + half], v[i] = (x0 * c[i]) - (x1 * s[i]) and v[i + half] = (x1 * c[i]) + (x0 * s[i]). */
 static inline void vec_rope(float *v, const float *c, const float *s, int half) {
