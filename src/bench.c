@@ -710,6 +710,7 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
     for (int f = 0; f < CPU_STREAM_COUNT; f++) {
         engine_opts o = *base;
         o.max_streams = 1, o.unify = false, o.profile = false, o.cpu_stream = f;
+        if (o.cpu_one_job < 0) o.cpu_one_job = 0; /* one step form for every stream form (its default follows the form) */
         if (engine_create(&ef[f], m, &o, err)) goto done;
     }
     for (int f = 1; f < CPU_STREAM_COUNT; f++) {

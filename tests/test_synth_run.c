@@ -15,17 +15,17 @@ typedef struct geo {
     const char *name;
     uint32_t layers, hidden, heads, kv, hd, experts, used, effn, dffn;
     enum synth_type type;
-    bool one_job; /* solo steps run as one pool job (MoE; a KV-head group's outputs whole Q8_K blocks) */
+    bool one_job; /* solo steps run as one pool job (MoE) */
 } geo;
 
 static const geo geos[] = {
-    {"1 layer q4_k_m", 1, 256, 4, 2, 64, 8, 2, 256, 0, SYNTH_Q4_K_M, false},
-    {"odd heads 3/1 q8_0", 2, 192, 3, 1, 64, 4, 2, 96, 0, SYNTH_Q8_0, false},
-    {"experts-used 1 q4_0", 2, 256, 4, 4, 64, 8, 1, 128, 0, SYNTH_Q4_0, false},
+    {"1 layer q4_k_m", 1, 256, 4, 2, 64, 8, 2, 256, 0, SYNTH_Q4_K_M, true},
+    {"odd heads 3/1 q8_0", 2, 192, 3, 1, 64, 4, 2, 96, 0, SYNTH_Q8_0, true},
+    {"experts-used 1 q4_0", 2, 256, 4, 4, 64, 8, 1, 128, 0, SYNTH_Q4_0, true},
     {"experts-used = experts q4_k_m", 2, 256, 2, 1, 128, 4, 4, 256, 0, SYNTH_Q4_K_M, true},
     {"dense qwen3 q4_k_m", 2, 256, 4, 2, 64, 0, 0, 0, 512, SYNTH_Q4_K_M, false},
     {"dense qwen3 q8_0, 5 heads", 3, 320, 5, 5, 64, 0, 0, 0, 224, SYNTH_Q8_0, false},
-    {"q5_k_m, expert ffn 96 (Q8_0 experts)", 2, 256, 4, 2, 64, 8, 2, 96, 0, SYNTH_Q5_K_M, false},
+    {"q5_k_m, expert ffn 96 (Q8_0 experts)", 2, 256, 4, 2, 64, 8, 2, 96, 0, SYNTH_Q5_K_M, true},
     {"groups of 4 heads q4_k_m, expert ffn 768", 2, 256, 8, 2, 64, 8, 2, 768, 0, SYNTH_Q4_K_M, true},
     {"4 kv heads of 2, q4_0, 3 of 8 experts", 2, 256, 8, 4, 128, 8, 3, 128, 0, SYNTH_Q4_0, true},
     {"4 kv heads of 4, q8_0", 2, 192, 16, 4, 64, 8, 2, 96, 0, SYNTH_Q8_0, true},

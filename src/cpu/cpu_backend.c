@@ -122,6 +122,8 @@ typedef struct cpu_state {
     bool one_job;
     float *xn_t, *xr_t;                     /* [nth][n_embd]: the norms' outputs, x + the o projection */
     act_set *a_t;                           /* [nth]: one row of width n_embd, f32 = xn_t's */
+    act_set *aat_t;                         /* [nth]: one row of width n_head * head_dim (f32 = att) */
+    bool att_whole;                         /* a KV-head group's attention output is whole Q8_K blocks */
     int32_t *sel_t;                         /* [nth][n_used] */
     float *selw_t;                          /* [nth][n_used] */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
@@ -785,12 +787,12 @@ static void act_range(const cpu_state *st, act_set *a, const float *src, int r, 
                           st->level);
 }
 
-/* Whether a solo step of this model can run as solo_task: a MoE model whose KV-head groups'
- * query rows and attention outputs are whole row units and activation blocks. */
+/* Whether a solo step of this model can run as solo_task: a MoE model whose heads' rows and
+ * residual slices are whole row units. */
 static bool solo_job_fits(const model_hparams *hp) {
     const int G = hp->n_head_kv ? hp->n_head / hp->n_head_kv : 0;
-    return hp->arch == MODEL_ARCH_QWEN3MOE && G >= 1 && hp->head_dim % GEMM_UNIT == 0 && (G * hp->head_dim) % QK_K == 0 &&
-           hp->n_embd % GEMM_UNIT == 0 && hp->n_expert_used >= 1;
+    return hp->arch == MODEL_ARCH_QWEN3MOE && G >= 1 && hp->head_dim % GEMM_UNIT == 0 && hp->n_embd % GEMM_UNIT == 0 &&
+           hp->n_expert_used >= 1;
 }
 
 /* solo_task's barrier k (0..SOLO_BARRIERS-1); profiled, the time from the first thread there to
@@ -958,10 +960,18 @@ static void solo_task(void *ctx, int ith, int nth) {
             st->kv_bytes += (uint64_t)(c->b->pos[0] + 1) * nkv * hd * 2 * sizeof(fp16_t);
             prof_mark(st, CS_ATTN);
         }
-        act_range(st, &st->a_att, st->att, 0, h0 * G * hd, (h1 - h0) * G * hd, act_mask(&L->wo));
+        /* the attention output quantized: each thread its groups' blocks where a group is whole
+         * blocks, else every thread all of it into its own copy, after the barrier */
+        const act_set *aa = &st->a_att;
+        if (st->att_whole)
+            act_range(st, &st->a_att, st->att, 0, h0 * G * hd, (h1 - h0) * G * hd, act_mask(&L->wo));
         solo_barrier(st, 1, ith);
+        if (!st->att_whole) {
+            act_row(st, &st->aat_t[ith], st->att, 0, act_mask(&L->wo));
+            aa = &st->aat_t[ith];
+        }
         if (t0) prof_mark(st, CS_ACT_ATT);
-        const void *act = act_for(&st->a_att, &L->wo, &ab);
+        const void *act = act_for(aa, &L->wo, &ab);
         solo_job_set(st, &jobs[0], &L->wo, 0, act, ab, st->tmp, 0, E);
         solo_gemm(st, jobs, 1, ith);
         if (t0) st->weight_bytes += (uint64_t)L->wo.rows * L->wo.row_bytes;
@@ -1249,6 +1259,12 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         act_set_init(&st->a_t[t], E, 1);
         st->a_t[t].f32 = st->xn_t + (size_t)t * E;
     }
+    st->aat_t = xcalloc((size_t)st->nth, sizeof(act_set));
+    for (int t = 0; t < st->nth; t++) {
+        act_set_init(&st->aat_t[t], H, 1);
+        st->aat_t[t].f32 = st->att;
+    }
+    st->att_whole = (hp->n_head / hp->n_head_kv * hd) % QK_K == 0;
     st->sel_t = xcalloc((size_t)st->nth * K, sizeof(int32_t));
     st->selw_t = xcalloc((size_t)st->nth * K, sizeof(float));
     st->attn = attn_select(st->level, hd);
@@ -1286,8 +1302,9 @@ static void cpu_destroy(void *state) {
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
-    for (int t = 0; t < st->nth; t++) act_set_free(&st->a_t[t]);
+    for (int t = 0; t < st->nth; t++) act_set_free(&st->a_t[t]), act_set_free(&st->aat_t[t]);
     free(st->a_t);
+    free(st->aat_t);
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
                     st->k,        st->v,        st->g,     st->u,        st->h,       st->y,       st->xg,
                     st->router,   st->sel,      st->selw,  st->pair_row, st->pair_of, st->exp_cnt, st->exp_off,
