@@ -138,6 +138,14 @@ typedef struct cpu_state {
     double prof_e[CS_COUNT];               /* the same per stage, summed */
 } cpu_state;
 
+/* Adds the spread of t[0..n) (the last thread's time there minus the first's) to the ends of
+ * the stage being timed. */
+static void prof_spread(cpu_state *st, const double *t, int n) {
+    double lo = t[0], hi = lo;
+    for (int i = 1; i < n; i++) lo = DT_MIN(lo, t[i]), hi = DT_MAX(hi, t[i]);
+    st->prof_ends += hi - lo;
+}
+
 /* Closes stage s (profile only): the time and weight bytes since the previous mark. */
 static void prof_mark(cpu_state *st, enum cpu_stage s) {
     if (!st->profile) return;
@@ -240,36 +248,40 @@ static int job_form(const cpu_state *st, const gemm_job *j) {
     return j->fn_nx && j->n_tok == 1 ? st->stream : CPU_STREAM_NEAR_FAR;
 }
 
-/* Prefetches the start of the weights from unit u on, at most to the end of its job, so the
- * kernel that starts there does not wait a full memory latency for its first lines: the first
- * CPU_FORM_DIST bytes of the job's form into L1 and, where `far` (a stream that no earlier call
- * of this thread continues into), the lines up to CPU_FORM_FAR into L2 — the kernel's own
- * requests run that far ahead of it. */
-static void job_prefetch(const cpu_state *st, int u, int ji, bool far) {
-    const gemm_job *j = &st->jobs[ji];
-    const int f = job_form(st, j);
-    const char *p = (const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride;
-    const size_t left = (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride;
+/* Prefetches the start of a stream at p with `left` bytes to its end, read in stream form f,
+ * so the kernel that starts there does not wait a full memory latency for its first lines: the
+ * first CPU_FORM_DIST bytes into L1 and, where `far` (a stream that no earlier call of this
+ * thread continues into), the lines up to CPU_FORM_FAR into L2 — the kernel's own requests run
+ * that far ahead of it. */
+static void stream_prefetch(const char *p, size_t left, int f, bool far) {
     const size_t n = DT_MIN((size_t)CPU_FORM_DIST(f), left);
     for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
     if (far)
         for (size_t o = n; o < DT_MIN((size_t)CPU_FORM_FAR(f), left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
 }
 
-/* The weights of job ji from unit u on, past the bytes that job_prefetch takes into L1, up to
- * the form's CPU_FORM_SPAN of them and at most to the job's end: where the kernel before unit u
- * keeps streaming once its own rows end. */
-static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
-    const gemm_job *j = &st->jobs[ji];
-    const int f = job_form(st, j);
-    const size_t off = (size_t)(u - st->job_unit0[ji]) * j->unit_stride + (size_t)CPU_FORM_DIST(f);
-    const size_t len = (size_t)(st->job_unit0[ji + 1] - st->job_unit0[ji]) * j->unit_stride;
+/* The stream at p (left bytes to its end, form f) past the bytes stream_prefetch takes into L1,
+ * up to CPU_FORM_SPAN of them: where the kernel before it keeps streaming once its own rows end. */
+static void stream_next(const uint8_t *p, size_t left, int f, cpu_next *nx) {
+    const size_t off = (size_t)CPU_FORM_DIST(f);
     nx->n = 0;
-    if (off < len) {
-        nx->p[0] = (const uint8_t *)j->w + off;
-        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(f), len - off);
+    if (off < left) {
+        nx->p[0] = p + off;
+        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(f), left - off);
         nx->n = 1;
     }
+}
+
+/* stream_prefetch / stream_next for job ji's weights from unit u on. */
+static void job_prefetch(const cpu_state *st, int u, int ji, bool far) {
+    const gemm_job *j = &st->jobs[ji];
+    stream_prefetch((const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride,
+                    (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride, job_form(st, j), far);
+}
+static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
+    const gemm_job *j = &st->jobs[ji];
+    stream_next((const uint8_t *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride,
+                (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride, job_form(st, j), nx);
 }
 
 /* Every work unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
@@ -385,11 +397,7 @@ static void jobs_run(cpu_state *st) {
         jobs_task(st, 0, 1);
     else
         pool_go(st, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
-    if (st->profile && st->nth > 1) { /* pool_run's return orders the workers' prof_fin stores */
-        double lo = st->prof_fin[0], hi = lo;
-        for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, st->prof_fin[i]), hi = DT_MAX(hi, st->prof_fin[i]);
-        st->prof_ends += hi - lo;
-    }
+    if (st->profile && st->nth > 1) prof_spread(st, st->prof_fin, st->nth); /* pool_run's return orders the stores */
     st->n_jobs = 0;
     st->warm.n = 0;
 }
@@ -803,11 +811,7 @@ static void solo_barrier(cpu_state *st, int k, int ith) {
     double *t = st->prof_bar + (size_t)k * st->nth;
     if (st->profile) t[ith] = time_now();
     pool_barrier(st->pool);
-    if (st->profile && ith == 0) {
-        double lo = t[0], hi = lo;
-        for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, t[i]), hi = DT_MAX(hi, t[i]);
-        st->prof_ends += hi - lo;
-    }
+    if (st->profile && ith == 0) prof_spread(st, t, st->nth);
 }
 
 /* One matrix's rows [r0, r0 + rows) in a gemm stage of solo_task (one token): units of unit_rows
@@ -838,24 +842,12 @@ static void solo_job_set(const cpu_state *st, solo_job *j, const model_weight *w
                     ur,  (rows + ur - 1) / ur};
 }
 
-/* job_prefetch for unit k of j. */
+/* stream_prefetch / stream_next for j's weights from unit k on. */
 static void solo_prefetch(const solo_job *j, int k, bool far) {
-    const char *p = (const char *)j->wp + (size_t)k * j->us;
-    const size_t left = (size_t)(j->units - k) * j->us, n = DT_MIN((size_t)CPU_FORM_DIST(j->form), left);
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
-    if (far)
-        for (size_t o = n; o < DT_MIN((size_t)CPU_FORM_FAR(j->form), left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
+    stream_prefetch((const char *)j->wp + (size_t)k * j->us, (size_t)(j->units - k) * j->us, j->form, far);
 }
-
-/* job_next for unit k of j. */
 static void solo_next(const solo_job *j, int k, cpu_next *nx) {
-    const size_t off = (size_t)k * j->us + (size_t)CPU_FORM_DIST(j->form), len = (size_t)j->units * j->us;
-    nx->n = 0;
-    if (off < len) {
-        nx->p[0] = j->wp + off;
-        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(j->form), len - off);
-        nx->n = 1;
-    }
+    stream_next(j->wp + (size_t)k * j->us, (size_t)(j->units - k) * j->us, j->form, nx);
 }
 
 /* Units [k0, k1) of j, told what the thread reads next (nx). */
@@ -1059,9 +1051,7 @@ static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
     st->weight_bytes += out_bytes;
     st->n_jobs = 0;
     if (st->profile) { /* pool_run's return orders the workers' prof_fin stores */
-        double lo = st->prof_fin[0], hi = lo;
-        for (int i = 1; i < st->nth; i++) lo = DT_MIN(lo, st->prof_fin[i]), hi = DT_MAX(hi, st->prof_fin[i]);
-        st->prof_ends += hi - lo;
+        prof_spread(st, st->prof_fin, st->nth);
         prof_mark(st, CS_OUTPUT);
     }
 }
@@ -1252,21 +1242,22 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->exp_off = xcalloc((size_t)NE, sizeof(int));
     st->scratch_stride = (attn_scratch_floats(hp->n_head / hp->n_head_kv, ctx - 1, hd) + 15) & ~(size_t)15;
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
-    st->xn_t = xaligned(sizeof(float) * (size_t)st->nth * E);
-    st->xr_t = xaligned(sizeof(float) * (size_t)st->nth * E);
-    st->a_t = xcalloc((size_t)st->nth, sizeof(act_set));
-    for (int t = 0; t < st->nth; t++) {
-        act_set_init(&st->a_t[t], E, 1);
-        st->a_t[t].f32 = st->xn_t + (size_t)t * E;
+    if (st->one_job) { /* solo_task's per-thread copies */
+        st->att_whole = (hp->n_head / hp->n_head_kv * hd) % QK_K == 0;
+        st->xn_t = xaligned(sizeof(float) * (size_t)st->nth * E);
+        st->xr_t = xaligned(sizeof(float) * (size_t)st->nth * E);
+        st->a_t = xcalloc((size_t)st->nth, sizeof(act_set));
+        st->aat_t = xcalloc((size_t)st->nth, sizeof(act_set));
+        for (int t = 0; t < st->nth; t++) {
+            act_set_init(&st->a_t[t], E, 1);
+            st->a_t[t].f32 = st->xn_t + (size_t)t * E;
+            if (st->att_whole) continue; /* each thread quantizes its own groups into a_att */
+            act_set_init(&st->aat_t[t], H, 1);
+            st->aat_t[t].f32 = st->att;
+        }
+        st->sel_t = xcalloc((size_t)st->nth * K, sizeof(int32_t));
+        st->selw_t = xcalloc((size_t)st->nth * K, sizeof(float));
     }
-    st->aat_t = xcalloc((size_t)st->nth, sizeof(act_set));
-    for (int t = 0; t < st->nth; t++) {
-        act_set_init(&st->aat_t[t], H, 1);
-        st->aat_t[t].f32 = st->att;
-    }
-    st->att_whole = (hp->n_head / hp->n_head_kv * hd) % QK_K == 0;
-    st->sel_t = xcalloc((size_t)st->nth * K, sizeof(int32_t));
-    st->selw_t = xcalloc((size_t)st->nth * K, sizeof(float));
     st->attn = attn_select(st->level, hd);
     st->swiglu = vec_swiglu_select(st->level);
     st->rmsnorm = vec_rmsnorm_select(st->level);
@@ -1302,7 +1293,7 @@ static void cpu_destroy(void *state) {
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
-    for (int t = 0; t < st->nth; t++) act_set_free(&st->a_t[t]), act_set_free(&st->aat_t[t]);
+    for (int t = 0; st->a_t && t < st->nth; t++) act_set_free(&st->a_t[t]), act_set_free(&st->aat_t[t]);
     free(st->a_t);
     free(st->aat_t);
     void *bufs[] = {st->rope_cos, st->rope_sin, st->x,     st->xn,       st->tmp,     st->q,       st->att,
