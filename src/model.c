@@ -229,6 +229,16 @@ int model_load(model **out, const char *path, ditto_err *err) {
      * with page cache that must be reclaimed and compacted again). */
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || psz <= 0 || m->gguf->size <= (uint64_t)pages * (uint64_t)psz / 2) gguf_populate(m->gguf);
+    /* The embedding is read a few rows a step, at random. From the file mapping those rows' pages
+     * can be evicted under memory pressure (the CPU backend drops the file's pages once it has
+     * repacked them), and a page read back from disk costs milliseconds inside a step. An anonymous
+     * copy stays resident (a tied output head keeps reading the file view, once, to repack it). */
+    if (m->gguf->owns_map) {
+        size_t bytes = m->tok_embd.mat_bytes;
+        m->embd_copy = xaligned(bytes);
+        memcpy(m->embd_copy, m->tok_embd.data, bytes);
+        m->tok_embd.data = m->embd_copy;
+    }
     *out = m;
     return 0;
 }
@@ -244,6 +254,7 @@ void model_free(model *m) {
     }
     free(m->layers);
     free(m->output_norm);
+    free(m->embd_copy);
     free(m->name);
     gguf_close(m->gguf);
     free(m);

@@ -60,11 +60,12 @@ typedef struct model {
     gguf_file *gguf;
     char *name;
     model_hparams hp;
-    model_weight tok_embd;  /* [n_vocab x n_embd] */
-    model_weight output;    /* [n_vocab x n_embd] (== tok_embd when tied) */
+    model_weight tok_embd;  /* [n_vocab x n_embd]; data: an owned anonymous copy where the file is mapped */
+    model_weight output;    /* [n_vocab x n_embd] (tok_embd's file view when tied) */
     float *output_norm;     /* [n_embd] */
     model_layer *layers;
     uint64_t n_params;
+    void *embd_copy;        /* tok_embd.data when it is a copy, else NULL */
     void *prepared;         /* backend-prepared weights (e.g. repacked), shared by its engines */
     void (*prepared_free)(void *);
     int32_t eog[8];         /* end-of-generation token ids (EOS, EOT, <|im_end|>, <|endoftext|>) */

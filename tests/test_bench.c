@@ -128,7 +128,7 @@ int main(void) {
     for (const char *l = sr ? strstr(sr + 1, "\n| ") : NULL; l && strncmp(l, "\n| sum of stages |", 18);
          l = strstr(l + 1, "\n| "))
         stage_rows++;
-    CHECK(stage_rows == 14, "paired per-stage table: %d stage rows, want 14", stage_rows);
+    CHECK(stage_rows == 15, "paired per-stage table: %d stage rows, want 15", stage_rows);
     const char *sum = ps ? strstr(ps, "\n| sum of stages | ") : NULL;
     double so = 0, ba = 0, xs = 0;
     if (sum) sscanf(sum, "\n| sum of stages | %lf | %lf | %lf |", &so, &ba, &xs);

@@ -85,6 +85,13 @@ static void check_file(const char *quant) {
         CHECK(0, "load %s: %s", path, err.msg);
         return;
     }
+    /* the embedding is read from model_load's copy (resident whatever the page cache drops) */
+    const gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
+    const uint8_t *ed = m->tok_embd.data, *map = m->gguf->map;
+    CHECK(te && (ed + m->tok_embd.mat_bytes <= map || ed >= map + m->gguf->size), "%s: embedding outside the file mapping",
+          quant);
+    CHECK(te && te->nbytes == m->tok_embd.mat_bytes && memcmp(ed, te->data, te->nbytes) == 0,
+          "%s: embedding copy equals the file's tensor", quant);
     snprintf(path, sizeof path, "%s/reference/tiny-qwen3moe/oracle-%s.json", test_shared_dir(), quant);
     char *js = slurp(path, NULL);
     cJSON *root = js ? cJSON_Parse(js) : NULL;

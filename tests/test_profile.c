@@ -95,8 +95,8 @@ int main(void) {
             CHECK(sum_b == w1 - w0, "stage bytes %llu == weight bytes read %llu", (unsigned long long)sum_b,
                   (unsigned long long)(w1 - w0));
             CHECK(sum_s <= wall + 1e-6, "stage times %.6f s inside the forward calls' %.6f s", sum_s, wall);
-            /* weight bytes only where a stage reads weights: the gemm stages (and the first,
-             * which includes the token embeddings) */
+            /* weight bytes only where a stage reads weights: the gemm stages and the token
+             * embeddings' */
             for (int i = 0; i < ns; i++) {
                 bool gemm = strstr(st[i].name, "gemm") != NULL || strstr(st[i].name, "embed") != NULL;
                 CHECK(gemm == (st[i].weight_bytes > 0), "%s: %llu weight bytes", st[i].name,

@@ -29,11 +29,11 @@
 
 /* Stages of a step, in order, for the optional profile. */
 enum cpu_stage {
-    CS_NORM, CS_QKV, CS_QK_ROPE, CS_ATTN, CS_ACT_ATT, CS_O, CS_FFN_IN, CS_ROUTER, CS_ROUTE,
+    CS_EMBED, CS_NORM, CS_QKV, CS_QK_ROPE, CS_ATTN, CS_ACT_ATT, CS_O, CS_FFN_IN, CS_ROUTER, CS_ROUTE,
     CS_GATE_UP, CS_SWIGLU, CS_DOWN, CS_COMBINE, CS_OUTPUT, CS_COUNT
 };
 static const char *const cpu_stage_names[CS_COUNT] = {
-    "embed + attn norm", "q/k/v gemm", "q/k norm, rope, kv store", "attention", "attn out quant",
+    "embed", "attn norm", "q/k/v gemm", "q/k norm, rope, kv store", "attention", "attn out quant",
     "o gemm", "residual + ffn norm", "router gemm", "routing top-k", "gate/up gemm (+ gather)",
     "swiglu", "down gemm", "combine", "out norm + output gemm"};
 
@@ -1034,6 +1034,7 @@ static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
     if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
     model_embed(m, b->token[0], st->x);
     st->weight_bytes += m->tok_embd.row_bytes;
+    prof_mark(st, CS_EMBED);
     const uint64_t wb = st->weight_bytes;
     st->n_jobs = 0;
     st->warm.n = 0;
@@ -1076,6 +1077,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
     for (int r = 0; r < n; r++) model_embed(m, b->token[r], st->x + (size_t)r * E);
     st->weight_bytes += (uint64_t)n * m->tok_embd.row_bytes;
+    prof_mark(st, CS_EMBED);
     step_ctx c = {.st = st, .b = b};
     size_t ab;
     for (int l = 0; l < hp->n_layer; l++) {

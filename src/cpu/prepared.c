@@ -173,7 +173,8 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
      * matrices it finished are dropped (MADV_PAGEOUT also evicts them from the page cache;
      * they are not read again, and a model of this size cannot keep its file cached beside
      * its repacked copy anyway): the memory they free is what lets the next slice's
-     * destination get huge pages instead of fragments. The embedding keeps its pages. */
+     * destination get huge pages instead of fragments (the embedding is read from its own
+     * copy, model_load's). */
     const long slices = 50;
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a, b;
     long gend = 0, gbeg = 0;
@@ -194,7 +195,6 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p) {
             long g = gend + item_groups(w);
             if (g > t.hi) break;
             gend = g;
-            if (w->data == m->tok_embd.data) continue;
             file_pages(w, pg, false, &a, &b);
             if (b > a && madvise((void *)a, b - a, MADV_PAGEOUT) != 0) madvise((void *)a, b - a, MADV_DONTNEED);
         }
