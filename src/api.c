@@ -595,6 +595,9 @@ int api_serve_cmd(int argc, char **argv) {
             A->o.api_key ? "on" : "off");
     fprintf(stderr, "ditto serve: %s\n", arena);
     fprintf(stderr, "ditto serve: backend %s\n", A->e->be->describe(A->e->be_state));
+    char mem[160];
+    A->e->be->memory(A->e->be_state, mem, sizeof mem);
+    fprintf(stderr, "ditto serve: %s\n", mem);
     fprintf(stderr, "ditto serve: slots %d free, %d rows per step\n", A->o.streams, eo.max_rows);
     atomic_store(&A->phase, PH_READY);
     fprintf(stderr, "ditto serve: ready on %s\n", http_server_url(A->http));

@@ -52,6 +52,9 @@ typedef struct backend_ops {
     int (*profile)(void *state, backend_stage *out, int cap);
     /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
     const char *(*describe)(void *state);
+    /* Human-readable memory the backend reads the model's weights from, into buf (cap bytes),
+     * e.g. "weights 16.6 GiB in memory: ...". */
+    void (*memory)(void *state, char *buf, size_t cap);
     void (*destroy)(void *state);
 } backend_ops;
 

@@ -888,9 +888,11 @@ int bench_cmd(int argc, char **argv) {
              form == CPU_STREAM_PLAIN ? "plain makes none, so the multi-token kernels' " : "", cpu_stream_name(pat_form),
              CPU_FORM_DIST(pat_form), CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_FORM_FAR(pat_form),
              CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
+    char mem[160];
+    e->be->memory(e->be_state, mem, sizeof mem);
     printf("# ditto bench\n\nmodel: %s (%.2fB params, open %.2f s, weights prepared + arenas in %.2f s)\ncpu: %s\nbackend: "
-           "%s\n%s\n",
-           path, (double)m->n_params / 1e9, tl, tc, cpu, e->be->describe(e->be_state), arena);
+           "%s\n%s\n%s\n",
+           path, (double)m->n_params / 1e9, tl, tc, cpu, e->be->describe(e->be_state), mem, arena);
     printf("machine read bandwidth (%d thread%s, 256-bit loads, 1-8 interleaved streams per thread, no software prefetch or to L1 1 KiB or as the kernels (%s), 1 GiB on huge pages, best of %d): %.2f GB/s\n",
            threads, threads > 1 ? "s" : "", pf_form,
            3 * BENCH_PATTERNS, bw);

@@ -1285,6 +1285,19 @@ static int cpu_profile(void *state, backend_stage *out, int cap) {
 
 static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc; }
 
+static void cpu_memory(void *state, char *buf, size_t cap) {
+    const cpu_state *st = state;
+    const model *m = st->m;
+    const double mib = 1024.0 * 1024.0, emb = m->embd_copy ? (double)m->tok_embd.mat_bytes / mib : 0.0;
+    const size_t prep = cpu_prepared_bytes(st->prep);
+    if (prep)
+        snprintf(buf, cap, "weights repacked in memory %.1f MiB (%.0f%% on huge pages), token embedding copied %.1f MiB",
+                 (double)prep / mib, 100.0 * (double)cpu_prepared_huge_bytes(st->prep) / (double)prep, emb);
+    else
+        snprintf(buf, cap, "weights read from the file mapping (%.1f MiB), token embedding copied %.1f MiB",
+                 (double)m->gguf->size / mib, emb);
+}
+
 static void cpu_destroy(void *state) {
     cpu_state *st = state;
     if (!st) return;
@@ -1306,5 +1319,11 @@ static void cpu_destroy(void *state) {
     free(st);
 }
 
-const backend_ops cpu_backend_ops = {"cpu",        cpu_create,   cpu_forward, cpu_counters,
-                                     cpu_profile, cpu_describe, cpu_destroy};
+const backend_ops cpu_backend_ops = {.name = "cpu",
+                                     .create = cpu_create,
+                                     .forward = cpu_forward,
+                                     .counters = cpu_counters,
+                                     .profile = cpu_profile,
+                                     .describe = cpu_describe,
+                                     .memory = cpu_memory,
+                                     .destroy = cpu_destroy};

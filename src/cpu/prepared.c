@@ -36,6 +36,27 @@ const prep_weight *cpu_prepared_find(const cpu_prepared *cp, const model_weight 
 
 size_t cpu_prepared_bytes(const cpu_prepared *cp) { return cp ? cp->bytes : 0; }
 
+size_t cpu_prepared_huge_bytes(const cpu_prepared *cp) {
+    if (!cp || !cp->map) return 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    /* the mapping's areas (madvise splits it) are the headers "lo-hi perms ..." inside it */
+    const uintptr_t lo = (uintptr_t)cp->map, hi = lo + cp->map_bytes;
+    char line[512];
+    bool in = false;
+    size_t total = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        size_t kb;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2)
+            in = a >= lo && b <= hi;
+        else if (in && sscanf(line, "AnonHugePages: %zu kB", &kb) == 1)
+            total += kb << 10;
+    }
+    fclose(f);
+    return total;
+}
+
 static void prepared_free(void *p) {
     cpu_prepared *cp = p;
     if (!cp) return;

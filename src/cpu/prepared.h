@@ -36,5 +36,8 @@ const cpu_prepared *cpu_prepared_get(model *m, pool *p);
 const prep_weight *cpu_prepared_find(const cpu_prepared *cp, const model_weight *w);
 /* Bytes of prepared weights (0 when none). */
 size_t cpu_prepared_bytes(const cpu_prepared *cp);
+/* Bytes of them on transparent huge pages now (the AnonHugePages of their mapping in
+ * /proc/self/smaps; 0 where that cannot be read). */
+size_t cpu_prepared_huge_bytes(const cpu_prepared *cp);
 
 #endif
