@@ -42,7 +42,7 @@ size_t cpu_prepared_huge_bytes(const cpu_prepared *cp) {
     if (!f) return 0;
     /* the mapping's areas (madvise splits it) are the headers "lo-hi perms ..." inside it */
     const uintptr_t lo = (uintptr_t)cp->map, hi = lo + cp->map_bytes;
-    char line[512];
+    char line[4096]; /* a header line ends in a path (PATH_MAX) */
     bool in = false;
     size_t total = 0;
     while (fgets(line, sizeof line, f)) {
