@@ -235,7 +235,7 @@ int model_load(model **out, const char *path, ditto_err *err) {
      * copy stays resident (a tied output head keeps reading the file view, once, to repack it). */
     if (m->gguf->owns_map) {
         size_t bytes = m->tok_embd.mat_bytes;
-        m->embd_copy = xaligned(bytes);
+        m->embd_copy = xmalloc(bytes); /* not xaligned: rows are read bytewise, and zeroing first would write it twice */
         memcpy(m->embd_copy, m->tok_embd.data, bytes);
         m->tok_embd.data = m->embd_copy;
     }
