@@ -53,7 +53,8 @@ typedef struct backend_ops {
     /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
     const char *(*describe)(void *state);
     /* Human-readable memory the backend reads the model's weights from, into buf (cap bytes),
-     * e.g. "weights repacked in memory 16341.8 MiB (100% on huge pages), token embedding copied 243.4 MiB". */
+     * e.g. "weights prepared in memory 16341.8 MiB (100% on huge pages), token embedding copied 243.4 MiB"
+     * (prepared: the quantized matrices repacked, the float router copied as it is). */
     void (*memory)(void *state, char *buf, size_t cap);
     void (*destroy)(void *state);
 } backend_ops;

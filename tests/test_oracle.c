@@ -103,12 +103,12 @@ static void check_file(const char *quant) {
         char mem[160];
         e->be->memory(e->be_state, mem, sizeof mem);
         double rp = -1, huge = -1, em = -1, mib = 1024.0 * 1024.0;
-        int nf = sscanf(mem, "weights repacked in memory %lf MiB (%lf%% on huge pages), token embedding copied %lf MiB",
+        int nf = sscanf(mem, "weights prepared in memory %lf MiB (%lf%% on huge pages), token embedding copied %lf MiB",
                         &rp, &huge, &em);
         const size_t prep = cpu_prepared_bytes((const cpu_prepared *)m->prepared);
         CHECK(nf == 3 && prep > 0 && fabs(rp - (double)prep / mib) <= 0.05 && huge >= 0 && huge <= 100 &&
                   fabs(em - (double)m->tok_embd.mat_bytes / mib) <= 0.05,
-              "%s: memory line '%s' (repacked %.1f MiB, embedding %.1f MiB)", quant, mem, (double)prep / mib,
+              "%s: memory line '%s' (prepared %.1f MiB, embedding %.1f MiB)", quant, mem, (double)prep / mib,
               (double)m->tok_embd.mat_bytes / mib);
     }
     int V = m->hp.n_vocab;

@@ -1291,7 +1291,7 @@ static void cpu_memory(void *state, char *buf, size_t cap) {
     const double mib = 1024.0 * 1024.0, emb = m->embd_copy ? (double)m->tok_embd.mat_bytes / mib : 0.0;
     const size_t prep = cpu_prepared_bytes(st->prep);
     if (prep)
-        snprintf(buf, cap, "weights repacked in memory %.1f MiB (%.0f%% on huge pages), token embedding copied %.1f MiB",
+        snprintf(buf, cap, "weights prepared in memory %.1f MiB (%.0f%% on huge pages), token embedding copied %.1f MiB",
                  (double)prep / mib, 100.0 * (double)cpu_prepared_huge_bytes(st->prep) / (double)prep, emb);
     else
         snprintf(buf, cap, "weights read from the file mapping (%.1f MiB), token embedding copied %.1f MiB",
