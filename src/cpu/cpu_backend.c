@@ -1288,14 +1288,15 @@ static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc
 static void cpu_memory(void *state, char *buf, size_t cap) {
     const cpu_state *st = state;
     const model *m = st->m;
-    const double mib = 1024.0 * 1024.0, emb = m->embd_copy ? (double)m->tok_embd.mat_bytes / mib : 0.0;
+    const double mib = 1024.0 * 1024.0;
     const size_t prep = cpu_prepared_bytes(st->prep);
+    char emb[64] = "token embedding read in place";
+    if (m->embd_copy) snprintf(emb, sizeof emb, "token embedding copied %.1f MiB", (double)m->tok_embd.mat_bytes / mib);
     if (prep)
-        snprintf(buf, cap, "weights prepared in memory %.1f MiB (%.0f%% on huge pages), token embedding copied %.1f MiB",
-                 (double)prep / mib, 100.0 * (double)cpu_prepared_huge_bytes(st->prep) / (double)prep, emb);
+        snprintf(buf, cap, "weights prepared in memory %.1f MiB (%.0f%% on huge pages), %s", (double)prep / mib,
+                 100.0 * (double)cpu_prepared_huge_bytes(st->prep) / (double)prep, emb);
     else
-        snprintf(buf, cap, "weights read from the file mapping (%.1f MiB), token embedding copied %.1f MiB",
-                 (double)m->gguf->size / mib, emb);
+        snprintf(buf, cap, "weights read from the file mapping (%.1f MiB), %s", (double)m->gguf->size / mib, emb);
 }
 
 static void cpu_destroy(void *state) {
