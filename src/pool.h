@@ -38,6 +38,9 @@ void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle
  * thread made before its call is visible to every thread after theirs). Every thread of the
  * job must call it the same number of times. */
 void pool_barrier(pool *p);
+/* How long pool_barrier spins before it yields the core on each turn of its wait: far above a
+ * barrier's wait in a step with a core per thread (~1-30 microseconds), far below a time slice. */
+#define POOL_BARRIER_YIELD_S 0.00002
 
 /* [lo, hi) of n items for thread ith of nth, rounded to multiples of `align`. */
 static inline void pool_split(int n, int align, int ith, int nth, int *lo, int *hi) {

@@ -44,8 +44,14 @@ static bool idle_fn(void *ctx, int ith) {
     return d->limit == 0 || c < d->limit;
 }
 
+static void sleep_s(double s) {
+    const double t0 = time_now();
+    while (time_now() - t0 < s) {
+    }
+}
+
 /* Rounds of: thread ith writes round r into its slot (thread r % NT after a short spin, so it
- * comes last), pool_barrier, every thread checks every slot reads r, pool_barrier again (so no
+ * comes last; every 16th round after a wait long enough that the others yield as they wait), pool_barrier, every thread checks every slot reads r, pool_barrier again (so no
  * slot is overwritten while another thread still checks it). */
 #define BAR_ROUNDS 2000
 typedef struct bar_job {
@@ -57,7 +63,9 @@ typedef struct bar_job {
 static void bar_fn(void *ctx, int ith, int nth) {
     bar_job *b = ctx;
     for (int r = 1; r <= BAR_ROUNDS; r++) {
-        if (ith == r % nth)
+        if (ith == r % nth && r % 16 == 0)
+            sleep_s(3 * POOL_BARRIER_YIELD_S); /* the others' waits pass into pool_barrier's yields */
+        else if (ith == r % nth)
             for (volatile int k = 0; k < 2000; k++) {
             }
         atomic_store_explicit(&b->slot[ith], r, memory_order_relaxed);
@@ -65,12 +73,6 @@ static void bar_fn(void *ctx, int ith, int nth) {
         for (int i = 0; i < nth; i++)
             if (atomic_load_explicit(&b->slot[i], memory_order_relaxed) != r) atomic_fetch_add(&b->bad, 1);
         pool_barrier(b->p);
-    }
-}
-
-static void sleep_s(double s) {
-    const double t0 = time_now();
-    while (time_now() - t0 < s) {
     }
 }
 
@@ -82,7 +84,7 @@ static double cpu_after_jobs(pool *p, int n) {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
     for (int i = 0; i < n; i++) {
         pool_run(p, job_fn, &j);
-        sleep_s(0.004);
+        nanosleep(&(struct timespec){.tv_nsec = 4000000}, NULL);
     }
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
     return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
