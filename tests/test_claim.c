@@ -1,7 +1,8 @@
 /* test_claim.c — segmented work claiming (src/cpu/claim.c): under real concurrency, with
  * threads delayed at random or one thread absent, every unit is handed out exactly once;
  * runs are non-empty; each thread's own runs are consecutive from its segment's start; a
- * lone thread takes its whole segment front to back; others steal only from backs. Stages
+ * lone thread takes its whole segment front to back, each run half of what is left but at most
+ * the cap; others steal only from backs. Stages
  * inside one pool job, each thread setting up its own segment (claim_reset_own) with a barrier
  * between stages, hand out every unit of every stage exactly once. */
 #include <pthread.h>
@@ -141,33 +142,38 @@ int main(void) {
         claim_free(&c);
     }
 
-    /* a lone thread: its own segment front to back in halving runs, then the others' backs */
+    /* a lone thread: its own segment front to back in runs of half of what is left, at most
+     * an eighth of the segment (CLAIM_RUNS), then the others' backs under the same rule */
+    enum { LT = 1024, LSEG = LT / 4, LCAP = LSEG / CLAIM_RUNS };
     claim_set c;
     claim_init(&c, 4);
-    claim_reset(&c, 64);
-    int a, b, n = 0, sizes[64];
+    claim_reset(&c, LT);
+    int a, b, n = 0, first = -1, last_own = -1;
     bool own, order_ok = true;
-    int next = 0, backs[4] = {16, 32, 48, 64}, handed = 0;
-    while (claim_next(&c, 0, &a, &b, &own) && n < 64) {
-        sizes[n++] = b - a;
+    int next = 0, backs[4] = {LSEG, 2 * LSEG, 3 * LSEG, LT}, handed = 0;
+    while (claim_next(&c, 0, &a, &b, &own) && n < 4 * LT) {
+        n++;
         handed += b - a;
+        if (first < 0) first = b - a;
         if (own) {
-            order_ok &= a == next;
+            const int left = LSEG - a;
+            order_ok &= a == next && b - a == DT_MIN(LCAP, DT_MAX(1, left / 2));
             next = b;
-        } else { /* steals: half of what is left, from the back of the fullest other segment */
-            int s = a / 16, fullest = 1;
+            last_own = b - a;
+        } else { /* steals: from the back of the fullest other segment */
+            int s = a / LSEG, fullest = 1;
             for (int t = 2; t < 4; t++)
-                if (backs[t] - 16 * t > backs[fullest] - 16 * fullest) fullest = t;
-            const int left = backs[s] - 16 * s;
-            order_ok &= s == fullest && b == backs[s] && b - a == (left / 2 > 1 ? left / 2 : 1);
+                if (backs[t] - LSEG * t > backs[fullest] - LSEG * fullest) fullest = t;
+            const int left = backs[s] - LSEG * s;
+            order_ok &= s == fullest && b == backs[s] && b - a == DT_MIN(LCAP, DT_MAX(1, left / 2));
             backs[s] = a;
         }
     }
-    order_ok &= handed == 64;
-    for (int s = 1; s < 4; s++) order_ok &= backs[s] == 16 * s;
-    CHECK(n >= 2 && sizes[0] == 8 && sizes[1] == 4 && next == 16, "lone thread own runs: first %d, %d, own end %d",
-          n ? sizes[0] : -1, n > 1 ? sizes[1] : -1, next);
-    CHECK(order_ok, "lone thread: runs out of order");
+    order_ok &= handed == LT;
+    for (int s = 1; s < 4; s++) order_ok &= backs[s] == LSEG * s;
+    CHECK(first == LCAP && last_own == 1 && next == LSEG, "lone thread own runs: first %d, last %d, own end %d", first,
+          last_own, next);
+    CHECK(order_ok, "lone thread: runs out of order or of the wrong size");
     claim_free(&c);
 
     /* one thread never shows up: the others take all of its segment, by stealing */

@@ -5,6 +5,8 @@
 
 #include "common.h"
 
+static int claim_cap(int seg_units) { return DT_MAX(1, (seg_units + CLAIM_RUNS - 1) / CLAIM_RUNS); }
+
 void claim_init(claim_set *c, int n) {
     DT_ASSERT(n >= 1);
     c->seg = aligned_alloc(64, sizeof(claim_seg) * (size_t)n);
@@ -24,6 +26,7 @@ void claim_reset(claim_set *c, int total) {
     for (int i = 0; i < c->n; i++) {
         const int f = claim_cut(total, c->n, i), b = claim_cut(total, c->n, i + 1);
         c->seg[i].end = b;
+        atomic_store_explicit(&c->seg[i].cap, claim_cap(b - f), memory_order_relaxed);
         atomic_store_explicit(&c->seg[i].fb, (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)b << 32, memory_order_relaxed);
     }
 }
@@ -32,18 +35,20 @@ void claim_reset_own(claim_set *c, int total, int ith) {
     DT_ASSERT(total >= 0 && ith >= 0 && ith < c->n);
     const int f = claim_cut(total, c->n, ith), b = claim_cut(total, c->n, ith + 1);
     c->seg[ith].end = b;
+    atomic_store_explicit(&c->seg[ith].cap, claim_cap(b - f), memory_order_relaxed);
     atomic_store_explicit(&c->seg[ith].fb, (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)b << 32, memory_order_relaxed);
 }
 
-/* Takes half of what is left of sg (at least one unit) from its front or, stealing, its back.
- * False when it is empty. */
+/* Takes half of what is left of sg (at least one unit, at most its cap) from its front or,
+ * stealing, its back. False when it is empty. */
 static bool seg_take(claim_seg *sg, bool back, int *u0, int *u1) {
+    const int cap = atomic_load_explicit(&sg->cap, memory_order_relaxed);
     uint64_t v = atomic_load_explicit(&sg->fb, memory_order_relaxed), nv;
     int f, b, take;
     do {
         f = (int)(uint32_t)v, b = (int)(uint32_t)(v >> 32);
         if (f >= b) return false;
-        take = DT_MAX(1, (b - f) / 2);
+        take = DT_MIN(cap, DT_MAX(1, (b - f) / 2));
         nv = back ? (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)(b - take) << 32
                   : (uint64_t)(uint32_t)(f + take) | (uint64_t)(uint32_t)b << 32;
     } while (!atomic_compare_exchange_weak_explicit(&sg->fb, &v, nv, memory_order_relaxed, memory_order_relaxed));

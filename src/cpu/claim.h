@@ -1,6 +1,7 @@
 /* claim.h — a stage's work units [0, total) handed out over n threads: one contiguous
- * segment per thread, claimed from its front, half of what is left each time; a thread whose
- * segment is empty steals the back half of what is left in the fullest segment.
+ * segment per thread, claimed from its front, half of what is left each time but at most an
+ * eighth of the segment (CLAIM_RUNS); a thread whose segment is empty steals the back half of
+ * what is left in the fullest segment, under the same cap.
  *
  * Why this shape (bench/cpu-speed.md, fifth session): the threads' weight streams stay a
  * segment apart (this machine reads nearby streams slower), a thread slowed by the memory
@@ -14,12 +15,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The most one run takes: 1 / CLAIM_RUNS of its segment (rounded up). A run is committed to the
+ * thread that took it, so a half-segment run of units that cost more than most (an expert with
+ * many tokens) left the other threads idle at a stage's end: on 16 threads the expert stages of
+ * a prefill spent a third of their time between the first thread done and the last. */
+#define CLAIM_RUNS 8
+
 /* One segment: its unclaimed [front, back) packed as front | back << 32 (one CAS claims
- * from either end) and its initial back; a cache line each. */
+ * from either end), its initial back and its run cap; a cache line each. */
 typedef struct claim_seg {
     _Atomic uint64_t fb;
     int end;
-    char pad[64 - sizeof(uint64_t) - sizeof(int)];
+    _Atomic int cap; /* read by stealers while the owner may set the next stage's (any value is safe) */
+    char pad[64 - sizeof(uint64_t) - 2 * sizeof(int)];
 } claim_seg;
 _Static_assert(sizeof(claim_seg) == 64, "claim_seg: one cache line");
 

@@ -197,12 +197,19 @@ static const void *act_for(const act_set *a, const model_weight *w, size_t *byte
  * or plain on huge pages), else the file's; its work units: *unit_rows rows (GEMM_UNIT, the
  * quantized kernels' row group; for a float matrix, whose kernels go row by row, as many as
  * fit GEMM_UNIT_BYTES, so one of long rows — the f32 router, 8 units of 16 rows — still splits
- * finely between threads) and *unit_stride bytes apart; *pw = the prepared copy or NULL. */
+ * finely between threads; at more than GEMM_FINE_TOK tokens, GEMM_UNIT rows halved down to 4
+ * until there are two units a thread, so that many threads share the router: on 16 threads its
+ * 8 units of 16 rows kept half of them idle) and *unit_stride bytes apart; *pw = the prepared
+ * copy or NULL. */
 static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, int n_tok, int *unit_rows,
                                   size_t *unit_stride, const prep_weight **pw) {
     *pw = cpu_prepared_find(st->prep, w);
-    const bool fl = (w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) && n_tok <= GEMM_FINE_TOK;
-    *unit_rows = fl ? (int)DT_MAX((size_t)1, DT_MIN((size_t)GEMM_UNIT, GEMM_UNIT_BYTES / w->row_bytes)) : GEMM_UNIT;
+    const bool fl = w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16;
+    if (fl && n_tok <= GEMM_FINE_TOK)
+        *unit_rows = (int)DT_MAX((size_t)1, DT_MIN((size_t)GEMM_UNIT, GEMM_UNIT_BYTES / w->row_bytes));
+    else
+        for (*unit_rows = GEMM_UNIT; fl && *unit_rows > 4 && (w->rows + *unit_rows - 1) / *unit_rows < 2 * st->nth;)
+            *unit_rows /= 2;
     if (*pw && (*pw)->repacked)
         *unit_stride = (*pw)->group_bytes * (GEMM_UNIT / REPACK_ROWS);
     else
