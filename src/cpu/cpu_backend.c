@@ -24,6 +24,7 @@
 #define GEMM_UNIT 16   /* rows per work unit of a repacked matrix (one REPACK_ROWS group) */
 #define GEMM_UNIT_BYTES 16384 /* a float matrix's unit: as many rows as fit, 1..GEMM_UNIT */
 #define GEMM_FINE_TOK 4       /* ... for calls of up to this many tokens (more: each call re-reads them all) */
+#define ONE_JOB_MAX_THREADS 8 /* the one-job solo step's default reach (see cpu_create) */
 #define MAX_JOBS 1024
 #define SOLO_BARRIERS 9 /* solo_task: eight a layer, then one before the output head */
 
@@ -1195,9 +1196,12 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     const bool forms = st->level >= CPU_AVX2 && cpu_level_hw() >= CPU_AVX2; /* kernels with a form */
     unsigned ea, eb, ec, ed;
     st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
-    /* measured only where the one-token kernels stream plain (Zen 4); elsewhere on request */
-    st->one_job = (o->cpu_one_job > 0 || (o->cpu_one_job < 0 && st->stream == CPU_STREAM_PLAIN)) && st->nth > 1 &&
-                  solo_job_fits(hp);
+    /* by default where the one-token kernels stream plain (Zen 4, where it was measured at two threads) and at
+     * up to ONE_JOB_MAX_THREADS threads: its eight barriers a layer cost more as threads are added (on a 16-core
+     * Xeon, forced, 1.005x the pool-job path at 8 threads, 0.960x at 16); elsewhere on request */
+    st->one_job = (o->cpu_one_job > 0 ||
+                   (o->cpu_one_job < 0 && st->stream == CPU_STREAM_PLAIN && st->nth <= ONE_JOB_MAX_THREADS)) &&
+                  st->nth > 1 && solo_job_fits(hp);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
