@@ -62,9 +62,12 @@ static int run_greedy(engine *e, const int32_t *ids, int n, int n_gen, int chunk
     return 0;
 }
 
+/* threads < 0: -threads threads with the solo step as a pool job per stage (so attention of one row
+ * runs as attn_task's items, cut into parts of query heads where there are more threads than items) */
 static engine *make_engine(model *m, int threads, int max_rows) {
     engine_opts o;
     engine_opts_default(&o);
+    if (threads < 0) o.cpu_one_job = 0, threads = -threads;
     o.n_threads = threads;
     o.max_rows = max_rows;
     o.ctx = 512;
@@ -209,10 +212,11 @@ static void check_invariance(void) {
     int n = (int)(sizeof prompt / sizeof *prompt);
     int32_t ref_tok[16], tok[16];
     uint64_t ref_h[16], h[16];
-    /* 8 threads: more than a 2-core machine has (the pool's waits yield), the router in 4-row units */
-    const int threads[] = {1, 2, 3, 4, 8, 1, 2};
-    const int chunks[] = {64, 64, 64, 64, 64, 1, 5};
-    for (int c = 0; c < 7; c++) {
+    /* 8 threads: more than a 2-core machine has (the pool's waits yield), the router in 4-row units;
+     * -8: the same with pool jobs per stage, a solo row's attention in parts of one query head */
+    const int threads[] = {1, 2, 3, 4, 8, -8, 1, 2};
+    const int chunks[] = {64, 64, 64, 64, 64, 64, 1, 5};
+    for (int c = 0; c < 8; c++) {
         engine *e = make_engine(m, threads[c], 64);
         if (!e || run_greedy(e, prompt, n, 16, chunks[c], c ? tok : ref_tok, c ? h : ref_h, NULL)) {
             CHECK(0, "run threads %d", threads[c]);

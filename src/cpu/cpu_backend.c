@@ -507,21 +507,31 @@ static void qk_task(void *ctx, int ith, int nth) {
     for (int i = i0; i < i1; i++) qk_item(c->st, c->layer, c->b, i / nkv, i % nkv);
 }
 
-/* Thread ith's items [*i0, *i1) of a batch's n rows x nkv KV heads, cut by work: an item of row r
- * costs pos[r] + 1 positions plus ATTN_ITEM_FIXED, and goes to the thread whose share of the total
- * holds its middle, so the shares are contiguous and every item has one thread. Cut by count, a
+/* Parts each (row, KV head) item of a batch is cut into: 1, or where there are fewer items than
+ * threads as many as spread them over the threads (at most the group's query heads), so a lone
+ * stream's four KV heads do not leave twelve of sixteen threads idle. Each part runs a contiguous
+ * range of the group's query heads, and a head's result does not depend on which heads share its
+ * call (attn.h), so the parts never change a bit. */
+static int attn_parts(const cpu_state *st, const engine_batch *b) {
+    const int items = b->n * st->m->hp.n_head_kv, group = st->m->hp.n_head / st->m->hp.n_head_kv;
+    return items >= st->nth ? 1 : DT_MIN(group, (st->nth + items - 1) / items);
+}
+
+/* Thread ith's items [*i0, *i1) of a batch's n rows x nkv KV heads x parts, cut by work: an item of
+ * row r costs pos[r] + 1 positions plus ATTN_ITEM_FIXED, and goes to the thread whose share of the
+ * total holds its middle, so the shares are contiguous and every item has one thread. Cut by count, a
  * prompt's rows (positions 0..n-1 of one slot) left the second of two threads ~3x the first's work:
  * attention was 16% of a 512-token prefill (bench/cpu-speed.md, thirtieth session). */
 #define ATTN_ITEM_FIXED 16
-static void attn_split(const engine_batch *b, int nkv, int ith, int nth, int *i0, int *i1) {
+static void attn_split(const engine_batch *b, int per_row, int ith, int nth, int *i0, int *i1) {
     long total = 0;
-    for (int r = 0; r < b->n; r++) total += (long)(b->pos[r] + 1 + ATTN_ITEM_FIXED) * nkv;
+    for (int r = 0; r < b->n; r++) total += (long)(b->pos[r] + 1 + ATTN_ITEM_FIXED) * per_row;
     const long lo = total * ith / nth, hi = total * (ith + 1) / nth;
     long acc = 0;
     *i0 = *i1 = 0;
     bool any = false;
-    for (int i = 0; i < b->n * nkv; i++) {
-        const long w = b->pos[i / nkv] + 1 + ATTN_ITEM_FIXED, mid = acc + w / 2;
+    for (int i = 0; i < b->n * per_row; i++) {
+        const long w = b->pos[i / per_row] + 1 + ATTN_ITEM_FIXED, mid = acc + w / 2;
         if (mid >= lo && mid < hi) {
             if (!any) *i0 = i, any = true;
             *i1 = i + 1;
@@ -530,25 +540,28 @@ static void attn_split(const engine_batch *b, int nkv, int ith, int nth, int *i0
     }
 }
 
-/* Attention of row r's query heads that share KV head kvh, into st->att. */
-static void attn_item(cpu_state *st, int layer, const engine_batch *b, int r, int kvh, float *scratch) {
+/* Attention of row r's query heads [g0, g1) of those that share KV head kvh, into st->att. */
+static void attn_item(cpu_state *st, int layer, const engine_batch *b, int r, int kvh, int g0, int g1, float *scratch) {
     const model_hparams *hp = &st->m->hp;
     int hd = hp->head_dim, H = hp->n_head * hd, group = hp->n_head / hp->n_head_kv;
     const fp16_t *K = kv_ptr(st->kv, b->slot[r], layer, 0, kvh);
     const fp16_t *V = kv_ptr(st->kv, b->slot[r], layer, 1, kvh);
-    size_t o = (size_t)r * H + (size_t)kvh * group * hd;
-    st->attn(st->q + o, group, K, V, b->pos[r], hd, st->attn_scale, st->att + o, scratch);
+    size_t o = (size_t)r * H + ((size_t)kvh * group + (size_t)g0) * hd;
+    st->attn(st->q + o, g1 - g0, K, V, b->pos[r], hd, st->attn_scale, st->att + o, scratch);
 }
 
-/* Items: (row, KV head) pairs, each with the query heads that share it. */
+/* Items: (row, KV head, part) triples, each with its part of the query heads that share the KV head. */
 static void attn_task(void *ctx, int ith, int nth) {
     step_ctx *c = ctx;
     cpu_state *st = c->st;
-    const int nkv = st->m->hp.n_head_kv;
+    const int nkv = st->m->hp.n_head_kv, group = st->m->hp.n_head / nkv, parts = attn_parts(st, c->b);
     int i0, i1;
-    attn_split(c->b, nkv, ith, nth, &i0, &i1);
+    attn_split(c->b, nkv * parts, ith, nth, &i0, &i1);
     float *scratch = st->scores + (size_t)ith * st->scratch_stride;
-    for (int i = i0; i < i1; i++) attn_item(st, c->layer, c->b, i / nkv, i % nkv, scratch);
+    for (int i = i0; i < i1; i++) {
+        const int p = i % parts, kvh = i / parts % nkv;
+        attn_item(st, c->layer, c->b, i / (parts * nkv), kvh, group * p / parts, group * (p + 1) / parts, scratch);
+    }
 }
 
 static void act_att_task(void *ctx, int ith, int nth) {
@@ -955,7 +968,7 @@ static void solo_task(void *ctx, int ith, int nth) {
         if (t0) prof_mark(st, CS_QKV);
         for (int h = h0; h < h1; h++) qk_item(st, l, c->b, 0, h);
         if (t0) prof_mark(st, CS_QK_ROPE);
-        for (int h = h0; h < h1; h++) attn_item(st, l, c->b, 0, h, scratch);
+        for (int h = h0; h < h1; h++) attn_item(st, l, c->b, 0, h, 0, hp->n_head / nkv, scratch);
         if (t0) {
             st->kv_bytes += (uint64_t)(c->b->pos[0] + 1) * nkv * hd * 2 * sizeof(fp16_t);
             prof_mark(st, CS_ATTN);
@@ -1109,7 +1122,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         /* work x4: the K/V stores go to arena lines that are cold at every step */
         run_items(st, qk_task, &c, (long)n * hp->n_head_kv, 4L * n * (H + HKV));
         prof_mark(st, CS_QK_ROPE);
-        run_items(st, attn_task, &c, (long)n * hp->n_head_kv, attn_work(b, H));
+        run_items(st, attn_task, &c, (long)n * hp->n_head_kv * attn_parts(st, b), attn_work(b, H));
         prof_mark(st, CS_ATTN);
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
