@@ -3,6 +3,7 @@
  * condition variable. */
 #include "pool.h"
 
+#include <float.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -14,7 +15,10 @@
 
 /* Spins while *v == eq (eq_mode) or while *v != 0 (!eq_mode), for at most limit
  * seconds; returns the last value read. While idle is set, each turn of the
- * spin runs one call of it instead of a pause, until it returns false. */
+ * spin runs one call of it instead of a pause, until it returns false. Past
+ * POOL_YIELD_S it yields the core every 64 turns, so that with more threads than
+ * free cores the thread waited for gets to run (spinning alone held the core for a
+ * whole time slice per wait: 80x slower steps at 3 threads on 2 cores). */
 static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq, pool_idle_fn idle, void *idle_ctx, int ith,
                         double limit) {
     double t0 = 0.0;
@@ -31,8 +35,8 @@ static unsigned spin_on(atomic_uint *v, bool eq_mode, unsigned eq, pool_idle_fn 
                 t0 = t;
             else if (t - t0 > limit)
                 return x;
-            else if (t - t0 > POOL_BARRIER_YIELD_S) {
-                sched_yield(); /* as pool_barrier: a thread without a core of its own gets one */
+            else if (t - t0 > POOL_YIELD_S) {
+                sched_yield();
                 continue;
             }
         }
@@ -135,24 +139,7 @@ void pool_barrier(pool *p) {
         atomic_store_explicit(&p->bar.gen, g + 1, memory_order_release);
         return;
     }
-    /* Spins; a wait past POOL_BARRIER_YIELD_S yields the core each turn, so that with more
-     * threads than free cores the thread waited for gets to run (spinning alone holds the core
-     * for a whole time slice per barrier: 80x slower steps at 3 threads on 2 cores). */
-    double t0 = 0.0;
-    for (unsigned i = 1; atomic_load_explicit(&p->bar.gen, memory_order_acquire) == g; i++) {
-        if (t0 < 0.0) {
-            sched_yield();
-            continue;
-        }
-        _mm_pause();
-        if ((i & 255) == 0) {
-            double t = time_now();
-            if (t0 == 0.0)
-                t0 = t;
-            else if (t - t0 > POOL_BARRIER_YIELD_S)
-                t0 = -1.0;
-        }
-    }
+    spin_on(&p->bar.gen, true, g, NULL, NULL, 0, DBL_MAX);
 }
 
 void pool_set_spin(pool *p, double seconds) {

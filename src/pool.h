@@ -19,6 +19,10 @@ int pool_size(const pool *p);
  * spinning that long after its last job — on a machine with no spare core they take CPU time
  * from whatever runs next (the bench waits this out before it measures something else). */
 #define POOL_SPIN_S 0.002
+/* How long a waiting thread (for the next job, or at pool_barrier) spins before it also yields
+ * the core as it spins: far above a barrier's wait in a step with a core per thread (~1-30
+ * microseconds), far below a time slice. */
+#define POOL_YIELD_S 0.00002
 /* Sets p's spin limit (seconds >= 0; 0: a waiting thread sleeps at once). */
 void pool_set_spin(pool *p, double seconds);
 void pool_run(pool *p, pool_fn fn, void *ctx);
@@ -38,9 +42,6 @@ void pool_run_idle(pool *p, pool_fn fn, void *ctx, pool_idle_fn idle, void *idle
  * thread made before its call is visible to every thread after theirs). Every thread of the
  * job must call it the same number of times. */
 void pool_barrier(pool *p);
-/* How long pool_barrier spins before it yields the core on each turn of its wait: far above a
- * barrier's wait in a step with a core per thread (~1-30 microseconds), far below a time slice. */
-#define POOL_BARRIER_YIELD_S 0.00002
 
 /* [lo, hi) of n items for thread ith of nth, rounded to multiples of `align`. */
 static inline void pool_split(int n, int align, int ith, int nth, int *lo, int *hi) {

@@ -23,15 +23,17 @@ typedef struct idle {
     int limit; /* returns false on call `limit` of a thread (0: never) */
 } idle;
 
+static void spin_s(double s) {
+    const double t0 = time_now();
+    while (time_now() - t0 < s) {
+    }
+}
+
 static void job_fn(void *ctx, int ith, int nth) {
     job *j = ctx;
     if (nth != NT) atomic_fetch_add(&j->bad_nth, 1);
     if (ith >= 0 && ith < NT) atomic_fetch_add(&j->ran[ith], 1);
-    if (ith > 0 && j->worker_spin_s > 0) {
-        const double t0 = time_now();
-        while (time_now() - t0 < j->worker_spin_s) {
-        }
-    }
+    if (ith > 0 && j->worker_spin_s > 0) spin_s(j->worker_spin_s);
 }
 
 static bool idle_fn(void *ctx, int ith) {
@@ -44,15 +46,10 @@ static bool idle_fn(void *ctx, int ith) {
     return d->limit == 0 || c < d->limit;
 }
 
-static void sleep_s(double s) {
-    const double t0 = time_now();
-    while (time_now() - t0 < s) {
-    }
-}
-
 /* Rounds of: thread ith writes round r into its slot (thread r % NT after a short spin, so it
- * comes last; every 16th round after a wait long enough that the others yield as they wait), pool_barrier, every thread checks every slot reads r, pool_barrier again (so no
- * slot is overwritten while another thread still checks it). */
+ * comes last; every 16th round after one long enough that the others yield as they wait),
+ * pool_barrier, every thread checks every slot reads r, pool_barrier again (so no slot is
+ * overwritten while another thread still checks it). */
 #define BAR_ROUNDS 2000
 typedef struct bar_job {
     pool *p;
@@ -64,7 +61,7 @@ static void bar_fn(void *ctx, int ith, int nth) {
     bar_job *b = ctx;
     for (int r = 1; r <= BAR_ROUNDS; r++) {
         if (ith == r % nth && r % 16 == 0)
-            sleep_s(3 * POOL_BARRIER_YIELD_S); /* the others' waits pass into pool_barrier's yields */
+            spin_s(3 * POOL_YIELD_S); /* the others' waits pass into pool_barrier's yields */
         else if (ith == r % nth)
             for (volatile int k = 0; k < 2000; k++) {
             }
@@ -113,7 +110,7 @@ int main(void) {
     idle d = {.limit = 50};
     job slow = {.worker_spin_s = 0.02};
     pool_run_idle(p, job_fn, &slow, idle_fn, &d);
-    sleep_s(0.05);
+    spin_s(0.05);
     int exact = 1;
     for (int i = 0; i < NT; i++) exact &= atomic_load(&d.calls[i]) == d.limit;
     CHECK(exact, "idle calls per thread %d %d %d %d, want %d each", atomic_load(&d.calls[0]), atomic_load(&d.calls[1]),
@@ -125,14 +122,14 @@ int main(void) {
     idle forever = {.limit = 0};
     job quick = {0};
     pool_run_idle(p, job_fn, &quick, idle_fn, &forever);
-    sleep_s(0.05);
+    spin_s(0.05);
     int busy = 1;
     for (int i = 1; i < NT; i++) busy &= atomic_load(&forever.calls[i]) > 0;
     CHECK(busy, "a worker left alone did not call its idle work");
     pool_run(p, job_fn, &quick);
     int snap[NT];
     for (int i = 0; i < NT; i++) snap[i] = atomic_load(&forever.calls[i]);
-    sleep_s(0.01);
+    spin_s(0.01);
     int still = 1;
     for (int i = 0; i < NT; i++) still &= atomic_load(&forever.calls[i]) == snap[i];
     CHECK(still, "idle work went on after the next job (which brought none)");
