@@ -759,6 +759,7 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
            what, n, a, b, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
            po.rate_q[1], po.rate_q[0], po.rate_q[2], po.same ? "yes" : "NO");
     print_placement_ratio(&po);
+    printf("A: %s; B: %s\n", ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state));
     rc = 0;
 done:
     for (int k = 0; k < 2; k++) engine_free(ea[k]);
@@ -777,6 +778,18 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
     return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, place, err);
 }
 
+/* --form-ab F: the run's one-token stream form (this host's) against form F (enum cpu_stream). The
+ * solo step's form (--one-job) follows each stream form's default unless given; the line after
+ * the A/B names both engines. */
+static int form_run(model *m, const engine_opts *base, int f, bench_probe *probe, int plen, int n, int place,
+                    ditto_err *err) {
+    engine_opts vb = *base;
+    vb.cpu_stream = f;
+    char b[32];
+    snprintf(b, sizeof b, "in %s", cpu_stream_name(f));
+    return opts_ab_run(m, base, &vb, "stream form", "in this host's form", b, probe, plen, n, place, err);
+}
+
 /* --one-job-ab B: the run's solo step form (--one-job, or the default) against B (0: a pool job
  * per stage, 1: the step as one pool job with barriers). */
 static int one_job_run(model *m, const engine_opts *base, int b_on, bench_probe *probe, int plen, int n, int place,
@@ -792,7 +805,7 @@ int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    int ahead = -1, ahead_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1;
+    int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -822,6 +835,11 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job)) return 2;
         } else if (!strcmp(a, "--one-job-ab") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
+        } else if (!strcmp(a, "--form-ab") && has) {
+            if ((form_ab = cpu_stream_parse(argv[++i])) < 0) {
+                fprintf(stderr, "ditto bench: --form-ab expects near-far, two-l1 or plain\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
@@ -829,7 +847,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--one-job-ab 0|1] [--place near|far]] [--ahead B] [--one-job 0|1] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--place near|far]] [--ahead B] [--one-job 0|1] [--profile]\n");
             return 2;
         }
     }
@@ -1018,6 +1036,7 @@ int bench_cmd(int argc, char **argv) {
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, place, &err) < 0) goto fail;
+    if (paired && form_ab >= 0 && form_run(m, &o, form_ab, probe, plen, paired, place, &err) < 0) goto fail;
     if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, probe, plen, paired, place, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);

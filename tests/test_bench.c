@@ -3,7 +3,8 @@
  * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise
  * a solo stream and row 0 of a 2-stream batch with its prompt (with --profile, the batch's
  * aggregate ratio over all steps and its per-stage table beside the solo stream's), and
- * (--forms) the one-token kernels' two weight stream forms; bad arguments are refused.
+ * (--forms) the one-token kernels' two weight stream forms, (--form-ab) one form against this host's; bad
+ * arguments are refused.
  * Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
@@ -180,9 +181,22 @@ int main(void) {
     CHECK(al && strstr(aline, "logits bitwise equal at every step: yes"), "--ahead-ab: a line, logits bitwise equal (%s)",
           aline);
 
+    /* --form-ab: solo steps in this host's stream form and in the one named, paired; the form never
+     * changes the logits */
+    char *fa[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--form-ab", "two-l1"};
+    rc = run_bench(15, fa, out, sizeof out);
+    CHECK(rc == 0, "bench --form-ab exit %d", rc);
+    const char *fl = strstr(out, "\nstream form (3 solo steps, A in this host's form and B in two-l1, ");
+    char fline[512] = "";
+    if (fl) snprintf(fline, sizeof fline, "%.*s", (int)strcspn(fl + 1, "\n"), fl + 1);
+    CHECK(fl && strstr(fline, "logits bitwise equal at every step: yes"), "--form-ab: a line, logits bitwise equal (%s)",
+          fline);
+
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
-                      {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"}};
-    for (int i = 0; i < 6; i++) {
+                      {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"},
+                      {"bench", "--form-ab", "fast"}};
+    for (int i = 0; i < 7; i++) {
         rc = run_bench(3, bad[i], out, sizeof out);
         CHECK(rc == 2, "%s %s: exit %d, want 2", bad[i][1], bad[i][2], rc);
     }

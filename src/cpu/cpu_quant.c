@@ -66,13 +66,15 @@ enum cpu_level cpu_level_detect(void) {
     return l;
 }
 
+int cpu_stream_parse(const char *name) {
+    for (int f = 0; name && f < CPU_STREAM_COUNT; f++)
+        if (!strcmp(name, cpu_stream_name((enum cpu_stream)f))) return f;
+    return -1;
+}
+
 /* The form DITTO_CPU_STREAM names, or -1. */
 static int stream_env(void) {
-    const char *e = getenv("DITTO_CPU_STREAM");
-    if (e && !strcmp(e, "near-far")) return CPU_STREAM_NEAR_FAR;
-    if (e && !strcmp(e, "two-l1")) return CPU_STREAM_TWO_L1;
-    if (e && !strcmp(e, "plain")) return CPU_STREAM_PLAIN;
-    return -1;
+    return cpu_stream_parse(getenv("DITTO_CPU_STREAM"));
 }
 
 enum cpu_stream cpu_stream_detect(void) {

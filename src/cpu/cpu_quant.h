@@ -36,6 +36,8 @@ enum cpu_stream cpu_stream_detect(void);
  * twenty-ninth session). Below AVX2, CPU_STREAM_NEAR_FAR. */
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want);
 const char *cpu_stream_name(enum cpu_stream form);
+/* The form named name (as cpu_stream_name spells it), or -1 (name NULL or unknown). */
+int cpu_stream_parse(const char *name);
 
 /* Best level this CPU (and OS) supports; env DITTO_CPU=generic|avx2|avx512 can lower it
  * (never raise it). */
