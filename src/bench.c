@@ -739,9 +739,10 @@ done:
 }
 
 /* n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
- * stream forms; what: the question, a / b: A's and B's setting. Prints B against A. */
+ * stream forms; what: the question, a / b: A's and B's setting. Prints B against A, and whether
+ * their logits were bitwise equal at every step where B runs the model (b_model). */
 static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
-                       const char *b, bench_probe *probe, int plen, int n, int place, ditto_err *err) {
+                       const char *b, bool b_model, bench_probe *probe, int plen, int n, int place, ditto_err *err) {
     engine *ea[2] = {NULL, NULL};
     int rc = -1;
     for (int k = 0; k < 2; k++) {
@@ -754,10 +755,11 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     if (paired_run(ea, names, 2, probe, plen, n, false, place, &po, err) < 0) goto done;
     printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order and followed by one"
            " probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
-           " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); logits bitwise equal at"
-           " every step: %s\n",
+           " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); %s\n",
            what, n, a, b, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
-           po.rate_q[1], po.rate_q[0], po.rate_q[2], po.same ? "yes" : "NO");
+           po.rate_q[1], po.rate_q[0], po.rate_q[2],
+           !b_model ? "logits not compared (B's are not the model's)"
+           : po.same ? "logits bitwise equal at every step: yes" : "logits bitwise equal at every step: NO");
     print_placement_ratio(&po);
     printf("A: %s; B: %s\n", ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state));
     rc = 0;
@@ -775,7 +777,7 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe 
     if (base->cpu_ahead < 0) snprintf(a, sizeof a, "with the default %d bytes", CPU_AHEAD_BYTES);
     else snprintf(a, sizeof a, "with %ld bytes", base->cpu_ahead);
     snprintf(b, sizeof b, "with %ld", bytes);
-    return opts_ab_run(m, base, &vb, "requests ahead", a, b, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "requests ahead", a, b, true, probe, plen, n, place, err);
 }
 
 /* --form-ab F: the run's one-token stream form (this host's) against form F (enum cpu_stream). The
@@ -787,7 +789,7 @@ static int form_run(model *m, const engine_opts *base, int f, bench_probe *probe
     vb.cpu_stream = f;
     char b[32];
     snprintf(b, sizeof b, "in %s", cpu_stream_name(f));
-    return opts_ab_run(m, base, &vb, "stream form", "in this host's form", b, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "stream form", "in this host's form", b, true, probe, plen, n, place, err);
 }
 
 /* --one-job-ab B: the run's solo step form (--one-job, or the default) against B (0: a pool job
@@ -798,13 +800,26 @@ static int one_job_run(model *m, const engine_opts *base, int b_on, bench_probe 
     vb.cpu_one_job = b_on;
     static const char *const form[2] = {"a pool job per stage", "one pool job a step"};
     const char *a = base->cpu_one_job < 0 ? "the default" : form[base->cpu_one_job];
-    return opts_ab_run(m, base, &vb, "solo step form", a, form[b_on], probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "solo step form", a, form[b_on], true, probe, plen, n, place, err);
+}
+
+/* --loads-only-ab: the run's solo steps against the same steps whose gemm calls only load their
+ * weight bytes (backend_opts.cpu_loads_only): B's share of the best pattern is what the step's
+ * structure alone allows (its stages, barriers, small stages and jumps between matrices), and
+ * B / A how much the kernels' compute costs on top of it. */
+static int loads_only_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, int place,
+                          ditto_err *err) {
+    engine_opts vb = *base;
+    vb.cpu_loads_only = true;
+    return opts_ab_run(m, base, &vb, "the step's structure", "as it runs", "with its gemm calls loading only", false,
+                       probe, plen, n, place, err);
 }
 
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
+    bool loads_only_ab = false;
     int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -840,14 +855,15 @@ int bench_cmd(int argc, char **argv) {
                 fprintf(stderr, "ditto bench: --form-ab expects near-far, two-l1 or plain\n");
                 return 2;
             }
-        } else if (!strcmp(a, "--unify")) unify = true;
+        } else if (!strcmp(a, "--loads-only-ab")) loads_only_ab = true;
+        else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
         else if (!strcmp(a, "--forms")) forms = true;
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--place near|far]] [--ahead B] [--one-job 0|1] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--profile]\n");
             return 2;
         }
     }
@@ -1037,6 +1053,7 @@ int bench_cmd(int argc, char **argv) {
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, place, &err) < 0) goto fail;
     if (paired && form_ab >= 0 && form_run(m, &o, form_ab, probe, plen, paired, place, &err) < 0) goto fail;
+    if (paired && loads_only_ab && loads_only_run(m, &o, probe, plen, paired, place, &err) < 0) goto fail;
     if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, probe, plen, paired, place, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);

@@ -3,8 +3,8 @@
  * bitwise equal (split by the probe beside each step; --trace: a row per step), and likewise
  * a solo stream and row 0 of a 2-stream batch with its prompt (with --profile, the batch's
  * aggregate ratio over all steps and its per-stage table beside the solo stream's), and
- * (--forms) the one-token kernels' two weight stream forms, (--form-ab) one form against this host's; bad
- * arguments are refused.
+ * (--forms) the one-token kernels' two weight stream forms, (--form-ab) one form against this host's,
+ * (--loads-only-ab) the step against its gemm calls loading only; bad arguments are refused.
  * Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
@@ -192,6 +192,15 @@ int main(void) {
     if (fl) snprintf(fline, sizeof fline, "%.*s", (int)strcspn(fl + 1, "\n"), fl + 1);
     CHECK(fl && strstr(fline, "logits bitwise equal at every step: yes"), "--form-ab: a line, logits bitwise equal (%s)",
           fline);
+
+    /* --loads-only-ab: the same solo steps with gemm calls that only load their weights, paired */
+    char *lb[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--loads-only-ab"};
+    rc = run_bench(14, lb, out, sizeof out);
+    CHECK(rc == 0, "bench --loads-only-ab exit %d", rc);
+    const char *ll = strstr(out, "\nthe step's structure (3 solo steps, A as it runs and B with its gemm calls loading only");
+    CHECK(ll && strstr(ll, "logits not compared") && strstr(ll, "gemm calls load only (diagnostic)"),
+          "--loads-only-ab: its line and B's engine named");
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
                       {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"},

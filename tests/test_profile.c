@@ -2,7 +2,8 @@
  * default (all zero), on it accounts every weight byte of the step to the right stages,
  * its stage times fit inside the forward calls' wall time, the threads' spread at the end of
  * a stage's gemm work lies inside that stage's time (and only gemm stages have one), and
- * profiling never changes a logit bit. */
+ * profiling never changes a logit bit. The loads-only diagnostic reads weights and computes
+ * nothing. */
 #include <string.h>
 
 #include "engine.h"
@@ -52,6 +53,7 @@ int main(void) {
     }
     const size_t nl = (size_t)STEPS * STREAMS * m->hp.n_vocab;
     float *lg[2] = {xmalloc(sizeof(float) * nl), xmalloc(sizeof(float) * nl)};
+    uint64_t wb_model = 0; /* weight bytes the model's run read */
     for (int prof = 0; prof < 2; prof++) {
         engine_opts o;
         engine_opts_default(&o);
@@ -69,6 +71,7 @@ int main(void) {
         e->be->counters(e->be_state, &w0, &k0);
         double wall = run(e, lg[prof]);
         e->be->counters(e->be_state, &w1, &k1);
+        wb_model = w1 - w0;
         backend_stage st[MAXST];
         int ns = e->be->profile(e->be_state, st, MAXST);
         CHECK(ns >= 10 && ns <= MAXST, "%d stages", ns);
@@ -107,6 +110,27 @@ int main(void) {
         engine_free(e);
     }
     CHECK(memcmp(lg[0], lg[1], sizeof(float) * nl) == 0, "logits with and without the profile bitwise equal");
+
+    /* the loads-only diagnostic (ditto bench --loads-only-ab): the same steps read weight bytes
+     * and compute nothing — every logit zero, where the model's are not */
+    engine_opts o;
+    engine_opts_default(&o);
+    o.n_threads = 2, o.max_streams = STREAMS, o.ctx = 32, o.max_rows = STREAMS * PROMPT, o.cpu_loads_only = true;
+    engine *e;
+    if (engine_create(&e, m, &o, &err)) CHECK(0, "loads-only engine: %s", err.msg);
+    else {
+        uint64_t w0, k0, w1, k1;
+        e->be->counters(e->be_state, &w0, &k0);
+        run(e, lg[1]);
+        e->be->counters(e->be_state, &w1, &k1);
+        size_t nz0 = 0, nz1 = 0;
+        for (size_t i = 0; i < nl; i++) nz0 += lg[0][i] != 0, nz1 += lg[1][i] != 0;
+        CHECK(nz1 == 0 && nz0 > 0, "loads only: %zu nonzero logits of %zu (the model's: %zu)", nz1, nl, nz0);
+        /* its routing (a hash of matrix, row and token) picks other experts than the model's */
+        CHECK(w1 - w0 > wb_model / 2, "loads only: %llu weight bytes read, the model's steps %llu",
+              (unsigned long long)(w1 - w0), (unsigned long long)wb_model);
+        engine_free(e);
+    }
     free(lg[0]);
     free(lg[1]);
     model_free(m);

@@ -85,7 +85,7 @@ typedef struct cpu_state {
     int stream; /* enum cpu_stream of the one-token kernels */
     size_t ahead_bytes; /* of the next gemm stage, each waiting thread requests (ahead_finish) */
     bool prfchw; /* the CPU has PREFETCHW */
-    char desc[128];
+    char desc[160];
     quant_gemm_fn gemm[QT_COUNT];
     repack_gemm_next_fn gemm_rp[QT_COUNT];  /* kernels on repacked matrices */
     const cpu_prepared *prep;
@@ -816,6 +816,37 @@ static void act_range(const cpu_state *st, act_set *a, const float *src, int r, 
                           st->level);
 }
 
+/* ---- diagnostic: loads only (backend_opts.cpu_loads_only) ----------------------------------
+ * Every gemm call reads its weight bytes as the probe's first pattern does (one ascending stream
+ * of 256-bit loads, no software prefetch) and computes nothing: the step's structure (its stages,
+ * barriers, claims, small stages and jumps between matrices) at no kernel cost. Outputs are zero,
+ * but a row-major (f32 router) call's are a hash of (matrix, row, token), so routing still picks
+ * scattered experts, as real activations do (zeros would pick experts 0..7, one contiguous run). */
+__attribute__((target("avx2"))) static void loads_only(const uint8_t *p, size_t n) {
+    __m256i a = _mm256_setzero_si256(), b = a;
+    for (size_t o = 0; o + 64 <= n; o += 64) {
+        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(p + o)));
+        b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(p + o + 32)));
+    }
+    __asm__ volatile("" : : "x"(a), "x"(b));
+}
+static void loads_only_rp(const void *w, size_t gb, int r0, int r1, int k, const void *act, size_t ab, int n_tok,
+                          float *out, size_t os, const struct cpu_next *nx) {
+    (void)k, (void)act, (void)ab, (void)nx;
+    const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
+    loads_only((const uint8_t *)w + (size_t)g0 * gb, (size_t)(g1 - g0) * gb);
+    for (int t = 0; t < n_tok; t++) memset(out + (size_t)t * os + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+}
+static void loads_only_rm(const void *w, size_t rb, int r0, int r1, int k, const void *act, size_t ab, int n_tok,
+                          float *out, size_t os) {
+    (void)k, (void)act, (void)ab;
+    loads_only((const uint8_t *)w + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);
+    const uint32_t salt = (uint32_t)((uintptr_t)w >> 6) * 0x9e3779b9u;
+    for (int t = 0; t < n_tok; t++)
+        for (int r = r0; r < r1; r++)
+            out[(size_t)t * os + r] = (float)((((uint32_t)r + 7919u * (uint32_t)t) * 2654435761u ^ salt) >> 8) * 0x1p-24f;
+}
+
 /* Whether a solo step of this model can run as solo_task: a MoE model whose heads' rows and
  * residual slices are whole row units. */
 static bool solo_job_fits(const model_hparams *hp) {
@@ -1194,6 +1225,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
     if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
+    if (o->cpu_loads_only && cpu_level_hw() < CPU_AVX2) return err_set(err, "cpu loads-only diagnostic needs AVX2");
     cpu_state *st = xcalloc(1, sizeof *st);
     st->m = m;
     st->ahead_bytes = o->cpu_ahead < 0 ? (size_t)CPU_AHEAD_BYTES : (size_t)o->cpu_ahead;
@@ -1219,10 +1251,15 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
-    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s", cpu_level_name(st->level),
+    if (o->cpu_loads_only)
+        for (uint32_t t = 0; t < QT_COUNT; t++) {
+            if (st->gemm_rp[t]) st->gemm_rp[t] = loads_only_rp;
+            if (st->gemm[t]) st->gemm[t] = loads_only_rm;
+        }
+    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s%s", cpu_level_name(st->level),
              st->level == CPU_AVX2 && cpu_avx_vnni() ? " (avx-vnni)" : "", st->nth, st->nth > 1 ? "s" : "",
              forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "",
-             st->one_job ? ", solo step as one pool job" : "");
+             st->one_job ? ", solo step as one pool job" : "", o->cpu_loads_only ? ", gemm calls load only (diagnostic)" : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);
