@@ -819,7 +819,7 @@ int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    bool loads_only_ab = false;
+    bool loads_only_ab = false, loads_only = false;
     int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -856,6 +856,7 @@ int bench_cmd(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--loads-only-ab")) loads_only_ab = true;
+        else if (!strcmp(a, "--loads-only")) loads_only = true;
         else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
         else if (!strcmp(a, "--trace")) trace = true;
@@ -863,7 +864,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
             return 2;
         }
     }
@@ -886,6 +887,7 @@ int bench_cmd(int argc, char **argv) {
     o.profile = profile;
     o.cpu_ahead = ahead;
     o.cpu_one_job = one_job;
+    o.cpu_loads_only = loads_only; /* a diagnostic: the rows then time the step's structure alone */
     engine *e = NULL, *eu = NULL;
     double tc = time_now();
     if (engine_create(&e, m, &o, &err)) {

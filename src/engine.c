@@ -4,6 +4,7 @@
 #include <string.h>
 
 void engine_opts_default(engine_opts *o) {
+    memset(o, 0, sizeof *o); /* every flag off, every field set, also those added later */
     o->n_threads = 1;
     o->max_streams = 1;
     o->ctx = 4096;
@@ -12,8 +13,6 @@ void engine_opts_default(engine_opts *o) {
     o->cpu_stream = -1;
     o->cpu_ahead = -1;
     o->cpu_one_job = -1;
-    o->unify = false;
-    o->profile = false;
 }
 
 int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) {

@@ -112,9 +112,12 @@ int main(void) {
     CHECK(memcmp(lg[0], lg[1], sizeof(float) * nl) == 0, "logits with and without the profile bitwise equal");
 
     /* the loads-only diagnostic (ditto bench --loads-only-ab): the same steps read weight bytes
-     * and compute nothing — every logit zero, where the model's are not */
+     * and compute nothing — every logit zero, where the model's are not. Off unless asked for,
+     * whatever the struct held before engine_opts_default. */
     engine_opts o;
+    memset(&o, 0xff, sizeof o);
     engine_opts_default(&o);
+    CHECK(!o.cpu_loads_only && !o.unify && !o.profile, "engine_opts_default: the diagnostic and the switches off");
     o.n_threads = 2, o.max_streams = STREAMS, o.ctx = 32, o.max_rows = STREAMS * PROMPT, o.cpu_loads_only = true;
     engine *e;
     if (engine_create(&e, m, &o, &err)) CHECK(0, "loads-only engine: %s", err.msg);
