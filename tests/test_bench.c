@@ -32,6 +32,21 @@ static int run_bench(int argc, char **argv, char *buf, size_t cap) {
     return rc;
 }
 
+/* ditto bench on the tiny model (one stream, 3 paired solo steps) with the n options opt: true where
+ * it exits 0 and prints a line starting with head, and every string of want (NULL-ended) follows it. */
+static bool ab_line(char *const *opt, int n, const char *head, const char *const *want, char *out, size_t cap) {
+    char *argv[24] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
+                      "--gen-len", "2", "--threads", "2", "--paired", "3"};
+    int argc = 13;
+    for (int i = 0; i < n && argc < 24; i++) argv[argc++] = opt[i];
+    if (run_bench(argc, argv, out, cap) != 0) return false;
+    const char *l = strstr(out, head);
+    if (!l || (l > out && l[-1] != '\n')) return false;
+    for (; *want; want++)
+        if (!strstr(l, *want)) return false;
+    return true;
+}
+
 /* The step counts of a paired split's four parts in the line from `from` on: after each key,
  * "… (N steps)" or "no steps" (0); all 0 where from is NULL. */
 static void split_steps(const char *from, const char *const keys[4], int steps[4]) {
@@ -169,37 +184,18 @@ int main(void) {
         printf("%s\n", row);
     }
 
-    /* --ahead-ab: solo steps with the run's requests ahead and with the given bytes, paired;
-     * the requests never change the logits */
-    char *ah[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
-                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--ahead", "0", "--ahead-ab", "65536"};
-    rc = run_bench(17, ah, out, sizeof out);
-    CHECK(rc == 0, "bench --ahead-ab exit %d", rc);
-    const char *al = strstr(out, "\nrequests ahead (3 solo steps, A with 0 bytes and B with 65536, ");
-    char aline[512] = "";
-    if (al) snprintf(aline, sizeof aline, "%.*s", (int)strcspn(al + 1, "\n"), al + 1);
-    CHECK(al && strstr(aline, "logits bitwise equal at every step: yes"), "--ahead-ab: a line, logits bitwise equal (%s)",
-          aline);
-
-    /* --form-ab: solo steps in this host's stream form and in the one named, paired; the form never
-     * changes the logits */
-    char *fa[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
-                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--form-ab", "two-l1"};
-    rc = run_bench(15, fa, out, sizeof out);
-    CHECK(rc == 0, "bench --form-ab exit %d", rc);
-    const char *fl = strstr(out, "\nstream form (3 solo steps, A in this host's form and B in two-l1, ");
-    char fline[512] = "";
-    if (fl) snprintf(fline, sizeof fline, "%.*s", (int)strcspn(fl + 1, "\n"), fl + 1);
-    CHECK(fl && strstr(fline, "logits bitwise equal at every step: yes"), "--form-ab: a line, logits bitwise equal (%s)",
-          fline);
-
-    /* --loads-only-ab: the same solo steps with gemm calls that only load their weights, paired */
-    char *lb[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "8",
-                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--loads-only-ab"};
-    rc = run_bench(14, lb, out, sizeof out);
-    CHECK(rc == 0, "bench --loads-only-ab exit %d", rc);
-    const char *ll = strstr(out, "\nthe step's structure (3 solo steps, A as it runs and B with its gemm calls loading only");
-    CHECK(ll && strstr(ll, "logits not compared") && strstr(ll, "gemm calls load only (diagnostic)"),
+    /* the paired A/Bs: each prints its line; a stream-changing option never changes the logits */
+    CHECK(ab_line((char *[]){"--ahead", "0", "--ahead-ab", "65536"}, 4,
+                  "requests ahead (3 solo steps, A with 0 bytes and B with 65536, ",
+                  (const char *[]){"logits bitwise equal at every step: yes", NULL}, out, sizeof out),
+          "--ahead-ab: its line, logits bitwise equal");
+    CHECK(ab_line((char *[]){"--form-ab", "two-l1"}, 2, "stream form (3 solo steps, A in this host's form and B in two-l1, ",
+                  (const char *[]){"logits bitwise equal at every step: yes", "B: cpu", NULL}, out, sizeof out),
+          "--form-ab: its line, logits bitwise equal, the engines named");
+    /* --loads-only-ab: the same solo steps with gemm calls that only load their weights */
+    CHECK(ab_line((char *[]){"--loads-only-ab"}, 1,
+                  "the step's structure (3 solo steps, A as it runs and B with its gemm calls loading only",
+                  (const char *[]){"logits not compared", "gemm calls load only (diagnostic)", NULL}, out, sizeof out),
           "--loads-only-ab: its line and B's engine named");
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
