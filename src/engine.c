@@ -31,8 +31,14 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
         return -1;
     }
     e->be = &cpu_backend_ops;
-    backend_opts bo = {o->n_threads, o->max_rows,   o->cpu_level, o->cpu_stream,
-                       o->cpu_ahead, o->cpu_one_job, o->profile,   o->cpu_loads_only};
+    const backend_opts bo = {.n_threads = o->n_threads,
+                             .max_rows = o->max_rows,
+                             .cpu_level = o->cpu_level,
+                             .cpu_stream = o->cpu_stream,
+                             .cpu_ahead = o->cpu_ahead,
+                             .cpu_one_job = o->cpu_one_job,
+                             .profile = o->profile,
+                             .cpu_loads_only = o->cpu_loads_only};
     if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {
         kv_arena_free(e->kv);
         free(e);
