@@ -912,16 +912,17 @@ int bench_cmd(int argc, char **argv) {
     double pat[BENCH_PATTERNS] = {0};
     double bw = bench_probe_run(probe, 3, pat);
     uint64_t bpt = model_bytes_per_token(m);
-    char cpu[256], pf_form[128];
+    char cpu[256], pf_form[160], none[64] = "";
     cpu_describe(cpu, sizeof cpu);
     const int form = cpu_stream_select(cpu_level_detect(), -1);
     /* the AVX2 kernels request into L2 only (repack_avx2.c): the pattern is the AVX-512 form's. The
      * plain form makes no requests (the first pattern's loads): bw_task then runs the multi-token
      * kernels' near-far requests, and the line names them */
     const int pat_form = form == CPU_STREAM_TWO_L1 ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
+    if (cpu_stream_no_requests(form))
+        snprintf(none, sizeof none, "%s makes none, so the multi-token kernels' ", cpu_stream_name((enum cpu_stream)form));
     snprintf(pf_form, sizeof pf_form, "%s%s%s: %d B ahead to %s and %d B to %s; 0 = none",
-             cpu_level_detect() < CPU_AVX512 ? "the AVX-512 kernels' " : "",
-             form == CPU_STREAM_PLAIN ? "plain makes none, so the multi-token kernels' " : "", cpu_stream_name(pat_form),
+             cpu_level_detect() < CPU_AVX512 ? "the AVX-512 kernels' " : "", none, cpu_stream_name(pat_form),
              CPU_FORM_DIST(pat_form), CPU_PF_HINT == _MM_HINT_T0 ? "L1" : "L2", CPU_FORM_FAR(pat_form),
              CPU_PF_FAR_HINT == _MM_HINT_T0 ? "L1" : "L2");
     char mem[160];

@@ -604,7 +604,7 @@ static void test_dispatch(void) {
         const bool fl = ALL_TYPES[i] == QT_F32 || ALL_TYPES[i] == QT_F16 || ALL_TYPES[i] == QT_BF16;
         for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++)
             for (int f = 0; f < CPU_STREAM_COUNT; f++) {
-                const bool own = fl && lv == CPU_AVX512 && f == CPU_STREAM_PLAIN;
+                const bool own = fl && lv == CPU_AVX512 && cpu_stream_no_requests(f);
                 CHECK((cpu_quant_gemm_form(ALL_TYPES[i], (enum cpu_level)lv, (enum cpu_stream)f) !=
                        cpu_quant_gemm(ALL_TYPES[i], (enum cpu_level)lv)) == own,
                       "%s %s form %d: %s kernel", tr->name, cpu_level_name((enum cpu_level)lv), f, own ? "its own" : "the level's");

@@ -155,7 +155,7 @@ static enum cpu_level g_max;
 static int n_cases;
 
 /* The (level, stream form) pairs whose kernels differ, up to this CPU's level: generic; AVX2
- * near-far and plain; AVX-512 every form. Returns their count (at most 6). */
+ * near-far and plain; AVX-512 every form. Returns their count (at most 7). */
 static int level_forms(int *lv, int *fm) {
     int n = 0;
     lv[n] = CPU_GENERIC, fm[n++] = CPU_STREAM_NEAR_FAR;
@@ -460,20 +460,26 @@ static void test_api(void) {
     CHECK(cpu_stream_detect() == NF, "DITTO_CPU_STREAM=near-far");
     setenv("DITTO_CPU_STREAM", "plain", 1);
     CHECK(cpu_stream_detect() == CPU_STREAM_PLAIN, "DITTO_CPU_STREAM=plain");
+    setenv("DITTO_CPU_STREAM", "touch", 1);
+    CHECK(cpu_stream_detect() == CPU_STREAM_TOUCH, "DITTO_CPU_STREAM=touch");
     setenv("DITTO_CPU_STREAM", "fast", 1);
     CHECK(cpu_stream_detect() == def, "DITTO_CPU_STREAM=fast is ignored");
     CHECK(!strcmp(cpu_stream_name(NF), "near-far") && !strcmp(cpu_stream_name(L1), "two-l1") &&
-              !strcmp(cpu_stream_name(CPU_STREAM_PLAIN), "plain"),
+              !strcmp(cpu_stream_name(CPU_STREAM_PLAIN), "plain") && !strcmp(cpu_stream_name(CPU_STREAM_TOUCH), "touch"),
           "form names");
+    for (int f = 0; f < CPU_STREAM_COUNT; f++)
+        CHECK(cpu_stream_parse(cpu_stream_name((enum cpu_stream)f)) == f, "form %d's name parses back", f);
     CHECK(cpu_stream_select(CPU_GENERIC, -1) == NF && cpu_stream_select(CPU_GENERIC, PL) == NF, "generic: near-far");
     if (g_max >= CPU_AVX2) {
         CHECK(cpu_stream_select(CPU_AVX2, L1) == NF && cpu_stream_select(CPU_AVX2, NF) == NF &&
-                  cpu_stream_select(CPU_AVX2, PL) == PL,
-              "AVX2: plain where asked for, else near-far");
+                  cpu_stream_select(CPU_AVX2, PL) == PL && cpu_stream_select(CPU_AVX2, CPU_STREAM_TOUCH) == PL,
+              "AVX2: plain where plain or touch is asked for, else near-far");
         unsetenv("DITTO_CPU_STREAM");
         CHECK(cpu_stream_select(CPU_AVX2, -1) == NF, "AVX2 by default: near-far, whatever AVX-512's form");
         setenv("DITTO_CPU_STREAM", "plain", 1);
         CHECK(cpu_stream_select(CPU_AVX2, -1) == PL, "AVX2: DITTO_CPU_STREAM=plain");
+        setenv("DITTO_CPU_STREAM", "touch", 1);
+        CHECK(cpu_stream_select(CPU_AVX2, -1) == PL, "AVX2: DITTO_CPU_STREAM=touch runs plain");
         unsetenv("DITTO_CPU_STREAM");
     }
     if (g_max >= CPU_AVX512)

@@ -1245,7 +1245,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
      * up to ONE_JOB_MAX_THREADS threads: its eight barriers a layer cost more as threads are added (on a 16-core
      * Xeon, forced, 1.005x the pool-job path at 8 threads, 0.960x at 16); elsewhere on request */
     st->one_job = (o->cpu_one_job > 0 ||
-                   (o->cpu_one_job < 0 && st->stream == CPU_STREAM_PLAIN && st->nth <= ONE_JOB_MAX_THREADS)) &&
+                   (o->cpu_one_job < 0 && cpu_stream_no_requests(st->stream) && st->nth <= ONE_JOB_MAX_THREADS)) &&
                   st->nth > 1 && solo_job_fits(hp);
     for (uint32_t t = 0; t < QT_COUNT; t++) {
         if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);

@@ -85,7 +85,7 @@ enum cpu_stream cpu_stream_detect(void) {
     const int amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u; /* "AuthenticAMD" */
     if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return CPU_STREAM_NEAR_FAR;
     const unsigned family = ((a >> 8) & 0xf) + (((a >> 8) & 0xf) == 0xf ? (a >> 20) & 0xff : 0);
-    return family >= 0x1a ? CPU_STREAM_TWO_L1 : family == 0x19 ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
+    return family >= 0x1a ? CPU_STREAM_TWO_L1 : family == 0x19 ? CPU_STREAM_TOUCH : CPU_STREAM_NEAR_FAR;
 }
 
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
@@ -93,11 +93,11 @@ enum cpu_stream cpu_stream_select(enum cpu_level level, int want) {
     if (level >= CPU_AVX512 && hw >= CPU_AVX512) return want < 0 ? cpu_stream_detect() : (enum cpu_stream)want;
     if (level < CPU_AVX2 || hw < CPU_AVX2) return CPU_STREAM_NEAR_FAR;
     if (want < 0) want = stream_env();
-    return want == CPU_STREAM_PLAIN ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
+    return cpu_stream_no_requests(want) ? CPU_STREAM_PLAIN : CPU_STREAM_NEAR_FAR;
 }
 
 const char *cpu_stream_name(enum cpu_stream form) {
-    return form == CPU_STREAM_TWO_L1 ? "two-l1" : form == CPU_STREAM_PLAIN ? "plain" : "near-far";
+    return form == CPU_STREAM_TWO_L1 ? "two-l1" : form == CPU_STREAM_PLAIN ? "plain" : form == CPU_STREAM_TOUCH ? "touch" : "near-far";
 }
 
 const char *cpu_level_name(enum cpu_level level) {
@@ -126,7 +126,7 @@ quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level) {
 
 quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form) {
     const quant_gemm_fn f = cpu_quant_gemm(type, level);
-    const quant_gemm_fn g = f && form == CPU_STREAM_PLAIN && clamp_level(level) >= CPU_AVX512 ? quant_gemm_avx512_one1(type) : NULL;
+    const quant_gemm_fn g = f && cpu_stream_no_requests(form) && clamp_level(level) >= CPU_AVX512 ? quant_gemm_avx512_one1(type) : NULL;
     return g ? g : f;
 }
 

@@ -21,17 +21,21 @@ enum cpu_level { CPU_GENERIC = 0, CPU_AVX2 = 1, CPU_AVX512 = 2 };
 
 /* How the one-token kernels stream a weight matrix (cpu/prefetch.h has the forms and what each
  * read where): the same results in every form, a different order of memory requests. */
-enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_PLAIN = 2, CPU_STREAM_COUNT };
+enum cpu_stream { CPU_STREAM_NEAR_FAR = 0, CPU_STREAM_TWO_L1 = 1, CPU_STREAM_PLAIN = 2, CPU_STREAM_TOUCH = 3, CPU_STREAM_COUNT };
 
-/* The form for this host's AVX-512 kernels: env DITTO_CPU_STREAM=near-far|two-l1|plain if set
+/* Whether form f makes no software prefetch requests (CPU_STREAM_PLAIN, and CPU_STREAM_TOUCH,
+ * which is plain with each Q4_K / Q5_K weight line first read by a 256-bit load). */
+static inline bool cpu_stream_no_requests(int f) { return f == CPU_STREAM_PLAIN || f == CPU_STREAM_TOUCH; }
+
+/* The form for this host's AVX-512 kernels: env DITTO_CPU_STREAM=near-far|two-l1|plain|touch if set
  * (anything else is ignored), else CPU_STREAM_TWO_L1 on AMD family 0x1A (Zen 5) and later,
- * CPU_STREAM_PLAIN on family 0x19 (Zen 4), where each was measured faster, and
+ * CPU_STREAM_TOUCH on family 0x19 (Zen 4), where each was measured faster, and
  * CPU_STREAM_NEAR_FAR elsewhere. */
 enum cpu_stream cpu_stream_detect(void);
 /* The form the kernels of `level` run: `want` (enum cpu_stream) or, if negative, this host's.
  * At AVX-512 (level and hardware) any form. At AVX2, whose one-token kernels have two forms
  * (their own requests into L2, or none), CPU_STREAM_PLAIN where `want` or DITTO_CPU_STREAM says
- * so, else CPU_STREAM_NEAR_FAR on every host: on the Zen 4 host, whose AVX-512 form is plain,
+ * plain or touch (their weight vectors are 256-bit loads already), else CPU_STREAM_NEAR_FAR on every host: on the Zen 4 host, whose AVX-512 form is plain,
  * the AVX2 kernels' solo steps read 1.25x plain's with their requests into L2 (bench/cpu-speed.md,
  * twenty-ninth session). Below AVX2, CPU_STREAM_NEAR_FAR. */
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want);
@@ -54,7 +58,7 @@ const char *cpu_level_name(enum cpu_level level);
  * lowered to it. NULL for a type without a gemm. */
 quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level);
 /* The same for the one-token stream form `form` (enum cpu_stream; which rows a call takes at
- * once, never their bits): at AVX-512 in CPU_STREAM_PLAIN the float types' one-token calls take
+ * once, never their bits): at AVX-512 in the forms without requests the float types' one-token calls take
  * one row at a time (one stream a thread, as the repacked kernels), four in the other forms. */
 quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form);
 

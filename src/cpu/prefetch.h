@@ -63,16 +63,24 @@
  *     alone. On the Zen 4 host of the twenty-seventh session it read 1.10-1.18x NEAR_FAR
  *     (one-token Q4_K / Q6_K, in-process, two threads, from memory; TWO_L1 read 0.65-0.80x
  *     there), as no prefetch did in the tenth session on a host of that kind. The multi-token
- *     kernels keep their requests: without them they read ~0.5x. */
+ *     kernels keep their requests: without them they read ~0.5x.
+ *   CPU_STREAM_TOUCH: plain, and the Q4_K / Q5_K kernels (one token; the multi-token ones at up to
+ *     two tokens, beside their requests) first read each weight line of a block with a 256-bit
+ *     load (touch_line, repack_avx512.c) one line ahead of the 512-bit load that uses it. On the Zen 4 host
+ *     a 512-bit load that misses the caches streams slower than 256-bit ones (a read-only pass
+ *     of 512-bit loads in the kernel's order 0.79 of plain 256-bit loads, 256-bit ones 0.97-1.0):
+ *     the one-token Q4_K kernel, one thread from memory, 1.07-1.10x plain (0.96-0.99 of plain
+ *     loads against 0.87-0.91), two tokens ~1.04x; whole solo steps at one thread 91-94% against
+ *     88-91% of the bound (bench/cpu-speed.md, forty-first session). */
 #ifndef CPU_PF2_DIST
 #define CPU_PF2_DIST 4096
 #endif
 /* A form's near / far distances (bytes; 0 = no such request) and the longer of the two. */
-#define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : (f) == CPU_STREAM_PLAIN ? 0 : CPU_PF_DIST)
+#define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : cpu_stream_no_requests(f) ? 0 : CPU_PF_DIST)
 #ifndef CPU_PF2_FAR
 #define CPU_PF2_FAR 0 /* two-l1's far request into L2: none */
 #endif
-#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_FAR : (f) == CPU_STREAM_PLAIN ? 0 : CPU_PF_FAR)
+#define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_FAR : cpu_stream_no_requests(f) ? 0 : CPU_PF_FAR)
 #define CPU_FORM_SPAN(f) (CPU_FORM_FAR(f) > CPU_FORM_DIST(f) ? CPU_FORM_FAR(f) : CPU_FORM_DIST(f))
 
 /* Both requests of form f for the line at p (a stream read front to back; no bound check: a

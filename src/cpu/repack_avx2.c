@@ -850,11 +850,11 @@ DEF_GEMM(Q8_0, gemm_q32)
 quant_gemm_fn RP_NAME(repack_gemm_avx2)(uint32_t type, enum cpu_stream form) {
     static const quant_gemm_fn k[RP_TYPES][2] = ROWS(rp);
     const int r = rp_type_row(type);
-    return r < 0 ? NULL : k[r][form == CPU_STREAM_PLAIN];
+    return r < 0 ? NULL : k[r][cpu_stream_no_requests(form)];
 }
 
 repack_gemm_next_fn RP_NAME(repack_gemm_next_avx2)(uint32_t type, enum cpu_stream form) {
     static const repack_gemm_next_fn k[RP_TYPES][2] = ROWS(rp_next);
     const int r = rp_type_row(type);
-    return r < 0 ? NULL : k[r][form == CPU_STREAM_PLAIN];
+    return r < 0 ? NULL : k[r][cpu_stream_no_requests(form)];
 }

@@ -137,6 +137,20 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
+/* A 256-bit load of the line at p (64-aligned), its value unused: CPU_STREAM_TOUCH's first read of a
+ * weight line, one line ahead of the 512-bit load that uses it (cpu/prefetch.h). */
+AI void touch_line(const uint8_t *p) {
+    __asm__ volatile("vmovdqu64 %0, %%ymm31" : : "m"(*(const __m256i *)(const void *)p) : "xmm31");
+}
+/* CPU_STREAM_TOUCH's reads of Q4_K block B: its first five lines (scales, quant vector 0) at the
+ * start (l < 0), then before quant vector v's load the line of vector v + 1. */
+AI void q4k_touch(const uint8_t *B, int v) {
+    if (v < 0)
+        for (int l = 0; l < RP_Q4K_QS / 64 + 1; l++) touch_line(B + 64 * l);
+    else if (v + 1 < 32)
+        touch_line(B + RP_Q4K_QS + 64 * (v + 1));
+}
+
 /* The requests of stream form f (cpu_prefetch_line_form) for the n 64-byte lines of block B
  * from line l on: a kernel with `spread` issues them beside its own loads of those lines. */
 AI void pf_lines(const uint8_t *B, int l, int n, const int f) {
@@ -213,10 +227,11 @@ AI __m512i q5k_bit(__m512i H, const int j) {
  * = 6.35e7), and takes its high nibbles shifted down, not as 16q. Integer sums are order-free, so
  * I is the reference's. `spread` as in q4k_one. */
 AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb,
-                    float *acc, const bool spread, const int f) {
+                    float *acc, const bool spread, const int f, const bool touch) {
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
     if (spread) pf_lines(B, 32, q5 ? 12 : 4, f);
+    if (touch) q4k_touch(B, -1);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     /* one mask, held in a register (hi = Q & ~m0f): with two constants GCC re-made both from
      * immediates beside every weight vector (2 mov + 2 vpbroadcastd each, 128 ops a block) */
@@ -226,6 +241,7 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, f);
+            if (touch) q4k_touch(B, 8 * p + i);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_andnot_si512(m0f, Q);
             if (q5) {
@@ -283,7 +299,9 @@ AI __m512i q4k_min(const uint8_t *B, const block_q8k *y, const int8_t *hl) {
 AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512 a, const bool spread, const int f) {
     const bool early = f != CPU_STREAM_NEAR_FAR;
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
+    const bool touch = f == CPU_STREAM_TOUCH;
     if (spread) pf_lines(B, 32, 4, f);
+    if (touch) q4k_touch(B, -1);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     __m512i M = _mm512_setzero_si512();
     if (early) {
@@ -297,6 +315,7 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512
         se[p] = so[p] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, f);
+            if (touch) q4k_touch(B, 8 * p + i);
             const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
             se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
             so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
@@ -445,7 +464,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR);                                                             \
+        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, false);                                 \
     }                                                                                                         \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
@@ -455,7 +474,7 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)D;                                                                                              \
-        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR);                                                             \
+        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, false);                                 \
     }
 DEF_T(1)
 DEF_T(2)
@@ -471,6 +490,25 @@ static const tok_fn tok_table[3][TCH + 1] = {
     {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4, q6k_t5, q6k_t6, q6k_t7, q6k_t8},
     {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6, q5k_t7, q5k_t8},
 };
+/* CPU_STREAM_TOUCH's Q4_K / Q5_K chunk kernels of up to TOUCH_TOK tokens (cpu/prefetch.h): beside
+ * their requests, each line first read by a 256-bit load (q4k_touch). Above two tokens a chunk's
+ * compute per line hides the difference. */
+#define TOUCH_TOK 2
+#define DEF_TT(T)                                                                                             \
+    static __attribute__((noinline)) void q4k_tt##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                    const int32_t *pb, float *acc, bool spread) {             \
+        (void)D;                                                                                              \
+        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, true);                                  \
+    }                                                                                                         \
+    static __attribute__((noinline)) void q5k_tt##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                    const int32_t *pb, float *acc, bool spread) {             \
+        (void)D;                                                                                              \
+        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, true);                                  \
+    }
+DEF_TT(1)
+DEF_TT(2)
+static const tok_fn tok_touch_table[3][TOUCH_TOK + 1] = {
+    {NULL, q4k_tt1, q4k_tt2}, {NULL, q6k_t1, q6k_t2}, {NULL, q5k_tt1, q5k_tt2}};
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
  * one-token path's loop without a call and an accumulator round trip per block. q4k_one /
@@ -518,7 +556,7 @@ AI void q5k_block1(const uint8_t *G, int b, const block_q8k *y, float *acc, cons
     int32_t pb[4] __attribute__((aligned(16)));
     q4k_pair_sums(y + b, pb);
     const block_q8k *const yb[1] = {y + b};
-    q45k_tokens(1, 1, B, yb, pb, acc, spread, f);
+    q45k_tokens(1, 1, B, yb, pb, acc, spread, f, f == CPU_STREAM_TOUCH);
 }
 AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
                    const uint8_t *end, const cpu_next *nx, const int f) {
@@ -590,9 +628,13 @@ DEF_ONE(q5k_one_l1, q5k_group1, CPU_STREAM_TWO_L1)
 DEF_ONE(q4k_one_pl, q4k_group1, CPU_STREAM_PLAIN)
 DEF_ONE(q6k_one_pl, q6k_group1, CPU_STREAM_PLAIN)
 DEF_ONE(q5k_one_pl, q5k_group1, CPU_STREAM_PLAIN)
-/* [0: Q4_K, 1: Q6_K, 2: Q5_K][enum cpu_stream]: the one-token kernels, and the two-group one */
-static const one_fn one_table[3][CPU_STREAM_COUNT] = {
-    {q4k_one_nf, q4k_one_l1, q4k_one_pl}, {q6k_one_nf, q6k_one_l1, q6k_one_pl}, {q5k_one_nf, q5k_one_l1, q5k_one_pl}};
+DEF_ONE(q4k_one_tc, q4k_group1, CPU_STREAM_TOUCH)
+DEF_ONE(q5k_one_tc, q5k_group1, CPU_STREAM_TOUCH)
+/* [0: Q4_K, 1: Q6_K, 2: Q5_K][enum cpu_stream]: the one-token kernels, and the two-group one (Q6_K
+ * reads as fast as plain loads without touches: its kernel is plain's in CPU_STREAM_TOUCH) */
+static const one_fn one_table[3][CPU_STREAM_COUNT] = {{q4k_one_nf, q4k_one_l1, q4k_one_pl, q4k_one_tc},
+                                                      {q6k_one_nf, q6k_one_l1, q6k_one_pl, q6k_one_pl},
+                                                      {q5k_one_nf, q5k_one_l1, q5k_one_pl, q5k_one_tc}};
 typedef void (*two_fn)(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
                        const cpu_next *const nx[2]);
 static const two_fn two_table[3] = {q4k_group2, q6k_group2, q5k_group2};
@@ -697,7 +739,8 @@ static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *n
                     const int32_t *pt = is6 ? NULL : pb ? pb + 4 * ((size_t)b * nt + tc) : pone;
                     if (!is6 && !pre)
                         for (int t = 0; t < n; t++) q4k_pair_sums(y[t], pone + 4 * t);
-                    tok_table[ti][n](B, G + 32 * b, y, pt, acc + 16 * tc, spread && tc == 0);
+                    const tok_fn kf = form == CPU_STREAM_TOUCH && n <= TOUCH_TOK ? tok_touch_table[ti][n] : tok_table[ti][n];
+                    kf(B, G + 32 * b, y, pt, acc + 16 * tc, spread && tc == 0);
                 }
             }
             const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -871,7 +914,7 @@ static void gemm_q32(const int type, const int form, GEMM_ARGS, const cpu_next *
             const int n = DT_MIN(TCH, n_tok - tc);
             for (int t = 0; t < n; t++)
                 y[t] = (const block_q8a *)(const void *)((const uint8_t *)act + (size_t)(tc + t) * act_bytes);
-            tab[n_tok == 1 && form == CPU_STREAM_PLAIN ? TCH + 2 : n](G, nb, y, acc, &end, &nx, tc == 0);
+            tab[n_tok == 1 && cpu_stream_no_requests(form) ? TCH + 2 : n](G, nb, y, acc, &end, &nx, tc == 0);
             for (int t = 0; t < n; t++) store_group(out + (size_t)(tc + t) * out_stride, g, r1, acc + 16 * t);
         }
     }
@@ -908,8 +951,16 @@ DEF_GEMM32(Q8_0, CPU_STREAM_PLAIN, _pl)
 DEF_GEMM(Q4_K, CPU_STREAM_PLAIN, _pl)
 DEF_GEMM(Q5_K, CPU_STREAM_PLAIN, _pl)
 DEF_GEMM(Q6_K, CPU_STREAM_PLAIN, _pl)
+DEF_GEMM32(Q4_0, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM32(Q4_1, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM32(Q5_0, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM32(Q5_1, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM32(Q8_0, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM(Q4_K, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM(Q5_K, CPU_STREAM_TOUCH, _tc)
+DEF_GEMM(Q6_K, CPU_STREAM_TOUCH, _tc)
 
-#define FORMS(T, NAME) {gemm_##T##_##NAME##_nf, gemm_##T##_##NAME##_l1, gemm_##T##_##NAME##_pl}
+#define FORMS(T, NAME) {gemm_##T##_##NAME##_nf, gemm_##T##_##NAME##_l1, gemm_##T##_##NAME##_pl, gemm_##T##_##NAME##_tc}
 #define FORM_ROWS(NAME)                                                                                     \
     {FORMS(Q4_K, NAME), FORMS(Q5_K, NAME), FORMS(Q6_K, NAME), FORMS(Q4_0, NAME),                            \
      FORMS(Q4_1, NAME), FORMS(Q5_0, NAME), FORMS(Q5_1, NAME), FORMS(Q8_0, NAME)}
