@@ -39,11 +39,8 @@ quant_gemm_fn repack_gemm_avx512_A(uint32_t type, enum cpu_stream form);
 quant_gemm_fn repack_gemm_avx512_B(uint32_t type, enum cpu_stream form);
 
 static enum cpu_stream form_env(const char *name) {
-    const char *e = getenv(name);
-    return !e ? CPU_STREAM_NEAR_FAR
-           : !strcmp(e, "two-l1") ? CPU_STREAM_TWO_L1
-           : !strcmp(e, "plain") ? CPU_STREAM_PLAIN
-                                 : CPU_STREAM_NEAR_FAR;
+    const int f = cpu_stream_parse(getenv(name)); /* unset or unknown: near-far */
+    return f < 0 ? CPU_STREAM_NEAR_FAR : (enum cpu_stream)f;
 }
 
 /* A quant_gemm_fn that only reads rows [r0, r1)'s repacked groups (gb = the group's bytes, as

@@ -267,16 +267,20 @@ static void act_dequant(enum quant_act a, const uint8_t *src, double *x, int k) 
 
 static enum cpu_level g_max; /* best level of this machine */
 
-/* The SIMD kernels under test: kv = 2 * (level - CPU_AVX2) + form, form 0 the level's gemm
- * (cpu_quant_gemm) and 1 its gemm in the plain stream form where that is another kernel
- * (cpu_quant_gemm_form), else NULL. */
+/* The SIMD kernels under test: kv = KV_FORMS * (level - CPU_AVX2) + v, v 0 the level's gemm
+ * (cpu_quant_gemm), 1 / 2 its gemm in the plain / touch stream form where that is another kernel
+ * than the ones before it (cpu_quant_gemm_form), else NULL. */
+#define KV_FORMS 3
 static quant_gemm_fn kernel_of(uint32_t type, int kv) {
-    const enum cpu_level lv = (enum cpu_level)(CPU_AVX2 + kv / 2);
+    const enum cpu_level lv = (enum cpu_level)(CPU_AVX2 + kv / KV_FORMS);
     quant_gemm_fn f = cpu_quant_gemm(type, lv);
-    if (!(kv & 1)) return f;
-    quant_gemm_fn g = cpu_quant_gemm_form(type, lv, CPU_STREAM_PLAIN);
-    return g != f ? g : NULL;
+    if (kv % KV_FORMS == 0) return f;
+    quant_gemm_fn p = cpu_quant_gemm_form(type, lv, CPU_STREAM_PLAIN);
+    if (kv % KV_FORMS == 1) return p != f ? p : NULL;
+    quant_gemm_fn t = cpu_quant_gemm_form(type, lv, CPU_STREAM_TOUCH);
+    return t != f && t != p ? t : NULL;
 }
+static const char *const KV_NAME[KV_FORMS] = {"", " plain", " touch"};
 
 /* One case: rows [r0, r1) of R, n_tok tokens, length k; generic vs every SIMD kernel (kernel_of). */
 static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, int wadv, int aadv) {
@@ -296,8 +300,8 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
     float *ref = xmalloc(on * 4), *got = xmalloc(on * 4);
     for (size_t i = 0; i < on; i++) ref[i] = bits_f32(0x7FC0DEAD);
     tr->gemm(w, rb, r0, r1, k, a, ab, n_tok, ref, stride);
-    for (int kv = 0; kv < 2 * ((int)g_max - CPU_AVX2 + 1); kv++) {
-        const int lv = CPU_AVX2 + kv / 2;
+    for (int kv = 0; kv < KV_FORMS * ((int)g_max - CPU_AVX2 + 1); kv++) {
+        const int lv = CPU_AVX2 + kv / KV_FORMS;
         quant_gemm_fn f = kernel_of(type, kv);
         if (!f) continue;
         for (size_t i = 0; i < on; i++) got[i] = bits_f32(0x7FC0DEAD);
@@ -312,7 +316,7 @@ static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, in
                 }
         }
         CHECK(!bad, "%s %s%s R=%d rows [%d,%d) n_tok=%d k=%d wadv=%d aadv=%d: not bitwise equal", tr->name,
-              cpu_level_name((enum cpu_level)lv), kv & 1 ? " plain" : "", R, r0, r1, n_tok, k, wadv, aadv);
+              cpu_level_name((enum cpu_level)lv), KV_NAME[kv % KV_FORMS], R, r0, r1, n_tok, k, wadv, aadv);
     }
     free(w), free(xf), free(a), free(ref), free(got);
 }
@@ -378,7 +382,7 @@ static void test_signed_zero_tails(void) {
             }
             for (int i = 0; i < k * NT; i++) x[i] = types[ti] == QT_F16 ? 1e-40f : 1e-30f;
             tr->gemm(w, rb, 0, R, k, x, (size_t)k * 4, NT, ref, R);
-            for (int kv = 0; kv < 2 * ((int)g_max - CPU_AVX2 + 1); kv++) {
+            for (int kv = 0; kv < KV_FORMS * ((int)g_max - CPU_AVX2 + 1); kv++) {
                 quant_gemm_fn f = kernel_of(types[ti], kv);
                 if (!f) continue;
                 for (int nt = 1; nt <= NT; nt += NT - 1) { /* one token (its own row count) and three */
@@ -386,7 +390,7 @@ static void test_signed_zero_tails(void) {
                     f(w, rb, 0, R, k, x, (size_t)k * 4, nt, got, R);
                     CHECK(!memcmp(ref, got, sizeof(float) * (size_t)R * (size_t)nt) && (k < 32 || f32_bits(ref[0]) == 0x80000000u),
                           "%s %s%s k=%d n_tok=%d: signed zero through the tail (ref %08x got %08x)", tr->name,
-                          cpu_level_name((enum cpu_level)(CPU_AVX2 + kv / 2)), kv & 1 ? " plain" : "", k, nt,
+                          cpu_level_name((enum cpu_level)(CPU_AVX2 + kv / KV_FORMS)), KV_NAME[kv % KV_FORMS], k, nt,
                           f32_bits(ref[0]), f32_bits(got[0]));
                 }
             }

@@ -69,7 +69,8 @@ void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,
 /* ---- per-level tables (quant_avx2.c, quant_avx512.c); call only at a supported level */
 quant_gemm_fn quant_gemm_avx2(uint32_t type);   /* NULL where the level has no kernel */
 quant_gemm_fn quant_gemm_avx512(uint32_t type); /* NULL where the level has no kernel */
-quant_gemm_fn quant_gemm_avx512_one1(uint32_t type); /* float types, one row a one-token call; else NULL */
+/* float types, one row a one-token call (F32 with touch: CPU_STREAM_TOUCH's, cpu/prefetch.h); else NULL */
+quant_gemm_fn quant_gemm_avx512_one1(uint32_t type, bool touch);
 void quant_act_row_avx2(enum quant_act act, const float *x, void *dst, int64_t k);
 void quant_act_row_avx512(enum quant_act act, const float *x, void *dst, int64_t k);
 

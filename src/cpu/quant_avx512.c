@@ -389,20 +389,29 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* A 256-bit load of the line at p, its value unused (CPU_STREAM_TOUCH, cpu/prefetch.h). */
+AI void fl_touch(const uint8_t *p) { __asm__ volatile("vmovdqu64 %0, %%ymm31" : : "m"(*(const __m256i *)(const void *)p) : "xmm31"); }
+
 /* NR consecutive rows (row_bytes apart) against NT tokens: per (row, token) the 32-lane fma
  * chains over e ascending (2 x NR x NT independent chains, so the FMA latency is hidden), then
  * the butterfly into o[t][i] for row i. With pf, each row's lines ahead are requested
- * (cpu/prefetch.h): the rows are one sequential stream. */
+ * (cpu/prefetch.h): the rows are one sequential stream. With touch (one row, f32, in place of
+ * pf: CPU_STREAM_TOUCH), each 128-byte step's two lines are first read by 256-bit loads one step
+ * ahead of the 512-bit loads that use them. */
 AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, size_t row_bytes, const float *const *x,
-                int k, float *const *o, const bool pf) {
+                int k, float *const *o, const bool pf, const bool touch) {
     __m512 A0[4][8], A1[4][8];
     const float *xr[8]; /* in registers: read through x in the loop, they were reloaded from the stack */
     UNROLL for (int t = 0; t < NT; t++) xr[t] = x[t];
     UNROLL for (int i = 0; i < NR; i++) UNROLL for (int t = 0; t < NT; t++) A0[i][t] = A1[i][t] = _mm512_setzero_ps();
     int e = 0;
     const int esz = type == QT_F32 ? 4 : 2;
+    if (touch && k >= 32)
+        for (int l = 0; l < 32 * esz; l += 64) fl_touch(wr + l);
     for (; e + 32 <= k; e += 32) {
         __m512 w0[4], w1[4];
+        if (touch && e + 64 <= k)
+            for (int l = 0; l < 32 * esz; l += 64) fl_touch(wr + (size_t)(e + 32) * esz + l);
         UNROLL for (int i = 0; i < NR; i++) {
             const uint8_t *r = wr + (size_t)i * row_bytes;
             if (pf) {
@@ -460,20 +469,20 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
  * threads, Zen 4): 2 tokens 0.66x the time of the old code, 3 0.85x, 8 0.87-0.89x, 16 0.71-0.74x,
  * 128 0.60-0.63x; 1, 4 and 6 the same (bench/cpu-speed.md, thirtieth session).
  * The rows' and tokens' order of work never changes a bit: every (row, token) is its own chains. */
-AI void gemm_fl(const int type, const bool one1, GEMM_ARGS) {
+AI void gemm_fl(const int type, const bool one1, const bool touch, GEMM_ARGS) {
     const float *x[FL_TSUP];
     float *o[FL_TSUP];
 #define FL_CASE(NR, NT) \
-    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0); break
+    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0, false); break
     if (n_tok == 1) {
         const float *const x1[1] = {(const float *)act};
         for (int r = r0; r < r1;) {
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
             float *const o1[1] = {out + r};
             if (!one1 && r1 - r >= 4)
-                fl_rows(type, 4, 1, wr, row_bytes, x1, k, o1, true), r += 4;
+                fl_rows(type, 4, 1, wr, row_bytes, x1, k, o1, true, false), r += 4;
             else
-                fl_rows(type, 1, 1, wr, row_bytes, x1, k, o1, true), r++;
+                fl_rows(type, 1, 1, wr, row_bytes, x1, k, o1, !touch, touch), r++;
         }
         return;
     }
@@ -515,14 +524,15 @@ DEF_GEMM(gemm_q8_0_avx512, gemm_legacy, QT_Q8_0)
 DEF_GEMM(gemm_q4_K_avx512, gemm_kq, QT_Q4_K)
 DEF_GEMM(gemm_q5_K_avx512, gemm_kq, QT_Q5_K)
 DEF_GEMM(gemm_q6_K_avx512, gemm_kq, QT_Q6_K)
-#define DEF_GEMM_FL(name, type, one1) \
-    static void name(GEMM_ARGS) { gemm_fl(type, one1, GEMM_PASS); }
-DEF_GEMM_FL(gemm_f32_avx512, QT_F32, false)
-DEF_GEMM_FL(gemm_f16_avx512, QT_F16, false)
-DEF_GEMM_FL(gemm_bf16_avx512, QT_BF16, false)
-DEF_GEMM_FL(gemm_f32_one1_avx512, QT_F32, true)
-DEF_GEMM_FL(gemm_f16_one1_avx512, QT_F16, true)
-DEF_GEMM_FL(gemm_bf16_one1_avx512, QT_BF16, true)
+#define DEF_GEMM_FL(name, type, one1, touch) \
+    static void name(GEMM_ARGS) { gemm_fl(type, one1, touch, GEMM_PASS); }
+DEF_GEMM_FL(gemm_f32_avx512, QT_F32, false, false)
+DEF_GEMM_FL(gemm_f16_avx512, QT_F16, false, false)
+DEF_GEMM_FL(gemm_bf16_avx512, QT_BF16, false, false)
+DEF_GEMM_FL(gemm_f32_one1_avx512, QT_F32, true, false)
+DEF_GEMM_FL(gemm_f16_one1_avx512, QT_F16, true, false)
+DEF_GEMM_FL(gemm_bf16_one1_avx512, QT_BF16, true, false)
+DEF_GEMM_FL(gemm_f32_touch_avx512, QT_F32, true, true)
 
 quant_gemm_fn quant_gemm_avx512(uint32_t type) {
     switch (type) {
@@ -541,9 +551,9 @@ quant_gemm_fn quant_gemm_avx512(uint32_t type) {
     }
 }
 
-quant_gemm_fn quant_gemm_avx512_one1(uint32_t type) {
+quant_gemm_fn quant_gemm_avx512_one1(uint32_t type, bool touch) {
     switch (type) {
-    case QT_F32: return gemm_f32_one1_avx512;
+    case QT_F32: return touch ? gemm_f32_touch_avx512 : gemm_f32_one1_avx512;
     case QT_F16: return gemm_f16_one1_avx512;
     case QT_BF16: return gemm_bf16_one1_avx512;
     default: return NULL;
