@@ -66,12 +66,14 @@
  *     kernels keep their requests: without them they read ~0.5x.
  *   CPU_STREAM_TOUCH: plain, and the Q4_K / Q5_K kernels (one token; the multi-token ones at up to
  *     two tokens, beside their requests) first read each weight line of a block with a 256-bit
- *     load (touch_line, repack_avx512.c) one line ahead of the 512-bit load that uses it. On the Zen 4 host
- *     a 512-bit load that misses the caches streams slower than 256-bit ones (a read-only pass
- *     of 512-bit loads in the kernel's order 0.79 of plain 256-bit loads, 256-bit ones 0.97-1.0):
- *     the one-token Q4_K kernel, one thread from memory, 1.07-1.10x plain (0.96-0.99 of plain
- *     loads against 0.87-0.91), two tokens ~1.04x; whole solo steps at one thread 91-94% against
- *     88-91% of the bound (bench/cpu-speed.md, forty-first session). */
+ *     load (touch_line, repack_avx512.c) one line ahead of the 512-bit load that uses it, as the
+ *     f32 router's one-token rows do (quant_avx512.c). On the Zen 4 host a 512-bit load that
+ *     misses the caches streams slower than 256-bit ones (a read-only pass of 512-bit loads in the
+ *     kernel's order 0.79 of plain 256-bit loads, 256-bit ones 0.97-1.0): the one-token Q4_K
+ *     kernel, one thread from memory, 1.07-1.10x plain (0.96-0.99 of plain loads against
+ *     0.87-0.91), two tokens ~1.07x, four and six ~0.98x (so not above two); whole solo steps in
+ *     one process 1.049x at one thread, 1.01-1.05x far at two, 1.00x near (bench/cpu-speed.md,
+ *     forty-first session). The AVX2 kernels' loads are 256-bit already: they run plain. */
 #ifndef CPU_PF2_DIST
 #define CPU_PF2_DIST 4096
 #endif
