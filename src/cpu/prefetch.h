@@ -66,7 +66,7 @@
  *     kernels keep their requests: without them they read ~0.5x.
  *   CPU_STREAM_TOUCH: plain, and the Q4_K / Q5_K kernels (one token; the multi-token ones at up to
  *     two tokens, beside their requests) first read each weight line of a block with a 256-bit
- *     load (touch_line, repack_avx512.c) one line ahead of the 512-bit load that uses it, as the
+ *     load (cpu_touch_line) one line ahead of the 512-bit load that uses it, as the
  *     f32 router's one-token rows do (quant_avx512.c). On the Zen 4 host a 512-bit load that
  *     misses the caches streams slower than 256-bit ones (a read-only pass of 512-bit loads in the
  *     kernel's order 0.79 of plain 256-bit loads, 256-bit ones 0.97-1.0): the one-token Q4_K
@@ -84,6 +84,12 @@
 #endif
 #define CPU_FORM_FAR(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_FAR : cpu_stream_no_requests(f) ? 0 : CPU_PF_FAR)
 #define CPU_FORM_SPAN(f) (CPU_FORM_FAR(f) > CPU_FORM_DIST(f) ? CPU_FORM_FAR(f) : CPU_FORM_DIST(f))
+
+/* CPU_STREAM_TOUCH's first read of a line: a 256-bit load of the 32 bytes at p into a register
+ * nothing reads (ymm31: AVX-512 translation units only). */
+static inline __attribute__((always_inline)) void cpu_touch_line(const void *p) {
+    __asm__ volatile("vmovdqu64 %0, %%ymm31" : : "m"(*(const __m256i *)p) : "xmm31");
+}
 
 /* Both requests of form f for the line at p (a stream read front to back; no bound check: a
  * prefetch past the end of a mapping does not fault). f is a constant once inlined. */

@@ -389,9 +389,6 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* A 256-bit load of the line at p, its value unused (CPU_STREAM_TOUCH, cpu/prefetch.h). */
-AI void fl_touch(const uint8_t *p) { __asm__ volatile("vmovdqu64 %0, %%ymm31" : : "m"(*(const __m256i *)(const void *)p) : "xmm31"); }
-
 /* NR consecutive rows (row_bytes apart) against NT tokens: per (row, token) the 32-lane fma
  * chains over e ascending (2 x NR x NT independent chains, so the FMA latency is hidden), then
  * the butterfly into o[t][i] for row i. With pf, each row's lines ahead are requested
@@ -407,11 +404,11 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
     int e = 0;
     const int esz = type == QT_F32 ? 4 : 2;
     if (touch && k >= 32)
-        for (int l = 0; l < 32 * esz; l += 64) fl_touch(wr + l);
+        for (int l = 0; l < 32 * esz; l += 64) cpu_touch_line(wr + l);
     for (; e + 32 <= k; e += 32) {
         __m512 w0[4], w1[4];
         if (touch && e + 64 <= k)
-            for (int l = 0; l < 32 * esz; l += 64) fl_touch(wr + (size_t)(e + 32) * esz + l);
+            for (int l = 0; l < 32 * esz; l += 64) cpu_touch_line(wr + (size_t)(e + 32) * esz + l);
         UNROLL for (int i = 0; i < NR; i++) {
             const uint8_t *r = wr + (size_t)i * row_bytes;
             if (pf) {

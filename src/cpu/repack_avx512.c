@@ -137,18 +137,13 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
-/* A 256-bit load of the line at p (64-aligned), its value unused: CPU_STREAM_TOUCH's first read of a
- * weight line, one line ahead of the 512-bit load that uses it (cpu/prefetch.h). */
-AI void touch_line(const uint8_t *p) {
-    __asm__ volatile("vmovdqu64 %0, %%ymm31" : : "m"(*(const __m256i *)(const void *)p) : "xmm31");
-}
 /* CPU_STREAM_TOUCH's reads of Q4_K block B: its first five lines (scales, quant vector 0) at the
  * start (l < 0), then before quant vector v's load the line of vector v + 1. */
 AI void q4k_touch(const uint8_t *B, int v) {
     if (v < 0)
-        for (int l = 0; l < RP_Q4K_QS / 64 + 1; l++) touch_line(B + 64 * l);
+        for (int l = 0; l < RP_Q4K_QS / 64 + 1; l++) cpu_touch_line(B + 64 * l);
     else if (v + 1 < 32)
-        touch_line(B + RP_Q4K_QS + 64 * (v + 1));
+        cpu_touch_line(B + RP_Q4K_QS + 64 * (v + 1));
 }
 
 /* The requests of stream form f (cpu_prefetch_line_form) for the n 64-byte lines of block B
@@ -460,21 +455,24 @@ AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512
 /* pb: the tokens' pair sums for B (q4k_pair_sums, four dwords a token; Q4_K only). */
 typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, const int32_t *pb, float *acc,
                        bool spread);
-#define DEF_T(T)                                                                                              \
-    static __attribute__((noinline)) void q4k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                   const int32_t *pb, float *acc, bool spread) {              \
+/* Q4_K's and Q5_K's kernels of T tokens, named q4k_<P>T / q5k_<P>T, with or without q4k_touch. */
+#define DEF_Q45(P, T, TOUCH)                                                                                  \
+    static __attribute__((noinline)) void q4k_##P##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                     const int32_t *pb, float *acc, bool spread) {            \
         (void)D;                                                                                              \
-        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, false);                                 \
+        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, TOUCH);                                 \
     }                                                                                                         \
+    static __attribute__((noinline)) void q5k_##P##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
+                                                     const int32_t *pb, float *acc, bool spread) {            \
+        (void)D;                                                                                              \
+        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, TOUCH);                                 \
+    }
+#define DEF_T(T)                                                                                              \
+    DEF_Q45(t, T, false)                                                                                      \
     static __attribute__((noinline)) void q6k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                    const int32_t *pb, float *acc, bool spread) {              \
         (void)pb;                                                                                             \
         q6k_tokens(T, B, D, y, acc, spread);                                                                  \
-    }                                                                                                         \
-    static __attribute__((noinline)) void q5k_t##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                   const int32_t *pb, float *acc, bool spread) {              \
-        (void)D;                                                                                              \
-        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, false);                                 \
     }
 DEF_T(1)
 DEF_T(2)
@@ -494,19 +492,8 @@ static const tok_fn tok_table[3][TCH + 1] = {
  * their requests, each line first read by a 256-bit load (q4k_touch). Above two tokens a chunk's
  * compute per line hides the difference. */
 #define TOUCH_TOK 2
-#define DEF_TT(T)                                                                                             \
-    static __attribute__((noinline)) void q4k_tt##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                    const int32_t *pb, float *acc, bool spread) {             \
-        (void)D;                                                                                              \
-        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, true);                                  \
-    }                                                                                                         \
-    static __attribute__((noinline)) void q5k_tt##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
-                                                    const int32_t *pb, float *acc, bool spread) {             \
-        (void)D;                                                                                              \
-        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, true);                                  \
-    }
-DEF_TT(1)
-DEF_TT(2)
+DEF_Q45(tt, 1, true)
+DEF_Q45(tt, 2, true)
 static const tok_fn tok_touch_table[3][TOUCH_TOK + 1] = {
     {NULL, q4k_tt1, q4k_tt2}, {NULL, q6k_t1, q6k_t2}, {NULL, q5k_tt1, q5k_tt2}};
 
