@@ -489,8 +489,8 @@ static const tok_fn tok_table[3][TCH + 1] = {
     {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6, q5k_t7, q5k_t8},
 };
 /* CPU_STREAM_TOUCH's Q4_K / Q5_K chunk kernels of up to TOUCH_TOK tokens (cpu/prefetch.h): beside
- * their requests, each line first read by a 256-bit load (q4k_touch). Above two tokens a chunk's
- * compute per line hides the difference. */
+ * their requests, each quant line first read by a 256-bit load (q4k_touch; Q5_K's 5th-bit lines are
+ * not). At two tokens ~1.07x without, at four and six ~0.98x: their compute per line bounds them. */
 #define TOUCH_TOK 2
 DEF_Q45(tt, 1, true)
 DEF_Q45(tt, 2, true)
