@@ -852,7 +852,9 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
         } else if (!strcmp(a, "--form-ab") && has) {
             if ((form_ab = cpu_stream_parse(argv[++i])) < 0) {
-                fprintf(stderr, "ditto bench: --form-ab expects near-far, two-l1 or plain\n");
+                fprintf(stderr, "ditto bench: --form-ab expects one of");
+                for (int f = 0; f < CPU_STREAM_COUNT; f++) fprintf(stderr, " %s", cpu_stream_name((enum cpu_stream)f));
+                fprintf(stderr, "\n");
                 return 2;
             }
         } else if (!strcmp(a, "--loads-only-ab")) loads_only_ab = true;
