@@ -6,7 +6,7 @@
  * this shared VM, separate runs drift by 20–40% between phases, alternating calls within a
  * process do not, though a best-of-8 ratio still moves 2–3% between identical sides.
  *
- *   ab_kernel ROWS NTOK TYPE(q4_k|q6_k) THREADS [K=2048] [NMAT=1]
+ *   ab_kernel ROWS NTOK TYPE(q4_k|q5_k|q6_k) THREADS [K=2048] [NMAT=1]
  * ROWS 32 keeps the matrix in cache (36 KB of Q4_K, 53 KB of Q6_K at k = 2048: the kernels'
  * compute speed); 400000 rows (~0.45 GiB) streams it from memory. NMAT > 1 copies of the matrix
  * run one after another with all threads (a barrier after each, as the model's stages do), e.g.
@@ -117,11 +117,11 @@ static void *huge_alloc(size_t n) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q6_k THREADS [K] [NMAT]\n");
+        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q5_k|q6_k THREADS [K] [NMAT]\n");
         return 2;
     }
     const int rows = atoi(argv[1]), nt = atoi(argv[2]), nth = DT_MIN(16, atoi(argv[4]));
-    const uint32_t type = !strcmp(argv[3], "q6_k") ? QT_Q6_K : QT_Q4_K;
+    const uint32_t type = !strcmp(argv[3], "q6_k") ? QT_Q6_K : !strcmp(argv[3], "q5_k") ? QT_Q5_K : QT_Q4_K;
     const int k = argc > 5 ? atoi(argv[5]) : 2048, nmat = argc > 6 ? atoi(argv[6]) : 1;
     if (rows <= 0 || nt <= 0 || nth <= 0 || (rows + 15) / 16 < nth || k <= 0 || k % QK_K || nmat <= 0) {
         fprintf(stderr, "ab_kernel: need ROWS >= 16 x THREADS, NTOK > 0, K a multiple of %d, NMAT > 0\n", QK_K);
@@ -139,9 +139,10 @@ int main(int argc, char **argv) {
     const size_t bb = tr->bytes, nb = rb / bb;
     for (size_t b = 0; b < nb * (size_t)rows; b++) {
         uint8_t *B = src + b * bb;
-        /* Q4_K: d, dmin at bytes 0..3; Q6_K: d at the last two bytes */
-        uint8_t *d = type == QT_Q4_K ? B : B + bb - 2;
-        for (int h = 0; h < (type == QT_Q4_K ? 2 : 1); h++) d[2 * h + 1] = (uint8_t)(0x20 | (d[2 * h + 1] & 3));
+        /* Q4_K, Q5_K: d, dmin at bytes 0..3; Q6_K: d at the last two bytes */
+        const bool q6 = type == QT_Q6_K;
+        uint8_t *d = q6 ? B + bb - 2 : B;
+        for (int h = 0; h < (q6 ? 1 : 2); h++) d[2 * h + 1] = (uint8_t)(0x20 | (d[2 * h + 1] & 3));
     }
     const size_t mstride = (rpm + 4095) / 4096 * 4096;
     uint8_t *wp = huge_alloc(mstride * (size_t)nmat);

@@ -35,9 +35,12 @@
  *          Q[v] & 0x0F        = weights 64p + 4i .. +3      (sub-block 2p)   of rows 0..15
  *          (Q[v] >> 4) & 0x0F = weights 64p + 32 + 4i .. +3 (sub-block 2p+1) of rows 0..15
  *
- * Q5_K — as Q4_K with blocks of 2816 B: the same 2304 bytes, then the 5th bits:
+ * Q5_K — blocks of 2816 B: Q4_K's header, the 5th bits, then Q4_K's quant vectors, so that a
+ * kernel that needs H with the first quant vectors reads the block front to back:
  *
- *   +2304  H[0..7]   8 dword vectors: H[v] lane r = qh_r[4v .. 4v+3]          (512 B)
+ *   +0     d, dmin, SC0..SC2   as Q4_K's +0 .. +255                           (256 B)
+ *   +256   H[0..7]   8 dword vectors: H[v] lane r = qh_r[4v .. 4v+3]          (512 B)
+ *   +768   Q[0..31]  as Q4_K's +256 .. +2303                                  (2048 B)
  *
  *          bit j of H[v]'s bytes = 5th bit of weights 32j + 4v .. +3 (sub-block j), the
  *          weights whose low 4 bits Q[8*(j/2) + v] holds (low nibbles for even j).
@@ -90,6 +93,9 @@
 static_assert(offsetof(block_q5_K, d) == offsetof(block_q4_K, d) && offsetof(block_q5_K, dmin) == offsetof(block_q4_K, dmin) &&
                   offsetof(block_q5_K, scales) == offsetof(block_q4_K, scales),
               "Q5_K's d, dmin and scales sit where Q4_K's do");
+static_assert(RP_Q5K_QH == RP_Q4K_QS && RP_Q5K_QS == RP_Q5K_QH + 512 && RP_Q5K_BLOCK == RP_Q5K_QS + 2048 &&
+                  RP_Q4K_BLOCK == RP_Q4K_QS + 2048,
+              "Q5_K block: Q4_K's header, 8 5th-bit vectors, 32 quant vectors");
 
 bool repack_supported(uint32_t type) {
     return type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K || rp_is_q32(type);
@@ -191,7 +197,7 @@ void repack_rows(uint32_t type, const void *src, size_t row_bytes, int rows, int
                     memcpy(B + RP_Q4K_D + 2 * r, x + offsetof(block_q4_K, d), 2);
                     memcpy(B + RP_Q4K_DMIN + 2 * r, x + offsetof(block_q4_K, dmin), 2);
                     put_lanes(B + RP_Q4K_SC, r, x + offsetof(block_q4_K, scales), 3);
-                    put_lanes(B + RP_Q4K_QS, r, x + (q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)), 32);
+                    put_lanes(B + RP_Q45K_QS(q5), r, x + (q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)), 32);
                     if (q5) put_lanes(B + RP_Q5K_QH, r, x + offsetof(block_q5_K, qh), 8);
                 } else {
                     const block_q6_K *x = (const block_q6_K *)(const void *)s + b;
@@ -230,7 +236,7 @@ void repack_get_block(uint32_t type, const void *wp, size_t group_bytes, int k, 
         memcpy(x + offsetof(block_q4_K, d), B + RP_Q4K_D + 2 * r, 2);
         memcpy(x + offsetof(block_q4_K, dmin), B + RP_Q4K_DMIN + 2 * r, 2);
         get_lanes(x + offsetof(block_q4_K, scales), B + RP_Q4K_SC, r, 3);
-        get_lanes(x + (q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)), B + RP_Q4K_QS, r, 32);
+        get_lanes(x + (q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)), B + RP_Q45K_QS(q5), r, 32);
         if (q5) get_lanes(x + offsetof(block_q5_K, qh), B + RP_Q5K_QH, r, 8);
     } else {
         block_q6_K *x = blk;
@@ -265,7 +271,7 @@ static float dot_q45_K_rp(const int q5, const uint8_t *G, int r, const block_q8k
             int32_t s = 0;
             for (int l = 0; l < 32; l++) {
                 /* weight 32j + l: qs byte 32*(j/2) + l, low nibble for even j */
-                const uint8_t byte = lane_byte(B + RP_Q4K_QS, r, 32 * (j >> 1) + l);
+                const uint8_t byte = lane_byte(B + RP_Q45K_QS(q5), r, 32 * (j >> 1) + l);
                 int q = (j & 1) ? byte >> 4 : byte & 0xF;
                 if (q5) q |= ((lane_byte(B + RP_Q5K_QH, r, l) >> j) & 1) << 4; /* qh[l] bit j */
                 s += q * y->q[32 * j + l];

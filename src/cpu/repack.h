@@ -94,9 +94,13 @@ repack_gemm_next_fn repack_gemm_next_avx2vnni(uint32_t type, enum cpu_stream for
  * rows take the min term from the activations' bsums in each block. */
 #define RP_Q4K_HL_BYTES 16
 #define RP_Q4K_HL_MAX 512
-/* Q5_K: as Q4_K, then the 5th bits: a group is nb consecutive 2816-byte blocks. */
+/* Q5_K: Q4_K's header (d, dmin, scales at the same offsets), then the 5th bits, then Q4_K's
+ * quant vectors: a group is nb consecutive 2816-byte blocks, each read front to back by the
+ * one-token kernels (the 5th bits are used with the first quant vectors). */
 #define RP_Q5K_BLOCK 2816
-#define RP_Q5K_QH 2304 /* 8 x 64 B: vector v, lane r = qh_r[4v .. 4v+3] */
+#define RP_Q5K_QH 256 /* 8 x 64 B: vector v, lane r = qh_r[4v .. 4v+3] */
+#define RP_Q5K_QS 768 /* 32 x 64 B, as RP_Q4K_QS */
+#define RP_Q45K_QS(q5) ((q5) ? RP_Q5K_QS : RP_Q4K_QS)
 /* Q6_K: a group is a header of nb x fp16 d[16] (padded to 64 bytes), then nb 3328-byte blocks. */
 #define RP_Q6K_BLOCK 3328
 /* A block is 52 lines read as one ascending stream by the one-token kernel: for each half h =

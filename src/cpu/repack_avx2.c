@@ -224,7 +224,7 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const uint8_t *
     /* sub-blocks 2p (low nibbles) and 2p+1 (high) of weight vectors 8p .. 8p+7; the loop over p is
      * kept rolled: unrolled, the kernel's straight-line code outgrew Zen 3's op cache */
     _Pragma("GCC unroll 1") for (int p = 0; p < 4; p++) {
-        const uint8_t *Bp = launder(B) + RP_Q4K_QS + 512 * p;
+        const uint8_t *Bp = launder(B) + RP_Q45K_QS(q5) + 512 * p;
         const __m128i hsh = _mm_cvtsi32_si128(2 * p);
         _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
             const int j = 2 * p + e;

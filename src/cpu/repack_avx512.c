@@ -137,13 +137,14 @@ AI __m512i bytes_to_words(__m512i v, int h) {
     return _mm512_shuffle_epi8(v, idx);
 }
 
-/* CPU_STREAM_TOUCH's reads of Q4_K block B: its first five lines (scales, quant vector 0) at the
- * start (l < 0), then before quant vector v's load the line of vector v + 1. */
-AI void q4k_touch(const uint8_t *B, int v) {
+/* CPU_STREAM_TOUCH's reads of Q4_K block B (q5: a Q5_K block): at the start (v < 0) its lines up
+ * to quant vector 0 (scales, Q5_K's 5th bits, vector 0: 5 or 13 lines, ascending), then before
+ * quant vector v's load the line of vector v + 1. */
+AI void q4k_touch(const uint8_t *B, int v, const int q5) {
     if (v < 0)
-        for (int l = 0; l < RP_Q4K_QS / 64 + 1; l++) cpu_touch_line(B + 64 * l);
+        for (int l = 0; l < RP_Q45K_QS(q5) / 64 + 1; l++) cpu_touch_line(B + 64 * l);
     else if (v + 1 < 32)
-        cpu_touch_line(B + RP_Q4K_QS + 64 * (v + 1));
+        cpu_touch_line(B + RP_Q45K_QS(q5) + 64 * (v + 1));
 }
 
 /* The requests of stream form f (cpu_prefetch_line_form) for the n 64-byte lines of block B
@@ -226,7 +227,7 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
     if (spread) pf_lines(B, 32, q5 ? 12 : 4, f);
-    if (touch) q4k_touch(B, -1);
+    if (touch) q4k_touch(B, -1, q5);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     /* one mask, held in a register (hi = Q & ~m0f): with two constants GCC re-made both from
      * immediates beside every weight vector (2 mov + 2 vpbroadcastd each, 128 ops a block) */
@@ -236,8 +237,8 @@ AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) se[t] = so[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, f);
-            if (touch) q4k_touch(B, 8 * p + i);
-            const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
+            if (touch) q4k_touch(B, 8 * p + i, q5);
+            const __m512i Q = in_reg(LD(B + RP_Q45K_QS(q5) + 64 * (8 * p + i)));
             __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_andnot_si512(m0f, Q);
             if (q5) {
                 const __m512i H = LD(B + RP_Q5K_QH + 64 * i);
@@ -290,30 +291,45 @@ AI __m512i q4k_min(const uint8_t *B, const block_q8k *y, const int8_t *hl) {
  * not measured from memory on the Intel host it is for). bench/cpu-speed.md, thirty-third session.
  * With `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
  * CPU_PF_FAR ahead of it issued beside its load (cpu_prefetch_line) instead of in one burst before
- * the block; the caller says whether they lie within the call's rows. */
-AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512 a, const bool spread, const int f) {
+ * the block; the caller says whether they lie within the call's rows.
+ * q5: B is a Q5_K block (44 lines): its eight 5th-bit vectors are loaded once, right after the
+ * header (the layout's order, repack.h), and each weight vector takes its 5th bits from them as
+ * q45k_tokens does; the odd sub-blocks' sums are s_j itself (not 16 s_j). The same integer sums and
+ * chain as q45k_tokens(1, 1, ...). Q5_K at one token ran through that chunk kernel before, with the
+ * 5th bits after the quants and loaded beside each weight vector: at one thread from memory it read
+ * 0.35-0.38 of plain loads in the plain and two-l1 forms and 0.74-0.83 in touch; with the layout and
+ * this kernel ~0.90 plain, ~0.93 touch (bench/cpu-speed.md, forty-second session). */
+AI __m512 q45k_one(const int q5, const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512 a, const bool spread,
+                   const int f) {
     const bool early = f != CPU_STREAM_NEAR_FAR;
     const __m512i m0f = _mm512_set1_epi8(0x0f), mf0 = _mm512_set1_epi8((char)0xf0);
     const bool touch = f == CPU_STREAM_TOUCH;
-    if (spread) pf_lines(B, 32, 4, f);
-    if (touch) q4k_touch(B, -1);
+    if (spread) pf_lines(B, 32, q5 ? 12 : 4, f);
+    if (touch) q4k_touch(B, -1, q5);
     const __m512i slo = q4k_slo(B), shi = q4k_shi(B);
     __m512i M = _mm512_setzero_si512();
     if (early) {
         M = q4k_min(B, y, hl);
         pin(&M);
     }
-    /* the odd sub-blocks' sums are 16 s_j exactly: summed unshifted (|.| <= 4*63*16*60960 = 2.46e8)
+    /* Q4_K's odd sub-blocks' sums are 16 s_j exactly: summed unshifted (|.| <= 4*63*16*60960 = 2.46e8)
      * and shifted back once */
     __m512i se[4], so[4], Ie = _mm512_setzero_si512(), Io = _mm512_setzero_si512();
+    __m512i H[8]; /* Q5_K's 5th-bit vectors, read once, in the stream's order */
+    if (q5) _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) H[i] = in_reg(LD(B + RP_Q5K_QH + 64 * i));
     _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
         se[p] = so[p] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             if (spread) pf_lines(B, 8 * p + i, 1, f);
-            if (touch) q4k_touch(B, 8 * p + i);
-            const __m512i Q = in_reg(LD(B + RP_Q4K_QS + 64 * (8 * p + i)));
-            se[p] = dp_bcast(se[p], _mm512_and_si512(Q, m0f), y->q + 64 * p + 4 * i);
-            so[p] = dp_bcast(so[p], _mm512_and_si512(Q, mf0), y->q + 64 * p + 32 + 4 * i);
+            if (touch) q4k_touch(B, 8 * p + i, q5);
+            const __m512i Q = in_reg(LD(B + RP_Q45K_QS(q5) + 64 * (8 * p + i)));
+            __m512i lo = _mm512_and_si512(Q, m0f), hi = _mm512_and_si512(Q, mf0);
+            if (q5) {
+                lo = _mm512_or_si512(lo, q5k_bit(H[i], 2 * p));
+                hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(Q, 4), m0f), q5k_bit(H[i], 2 * p + 1));
+            }
+            se[p] = dp_bcast(se[p], lo, y->q + 64 * p + 4 * i);
+            so[p] = dp_bcast(so[p], hi, y->q + 64 * p + 32 + 4 * i);
         }
         if (early) {
             const __m512i sc = p < 2 ? slo : shi;
@@ -331,7 +347,7 @@ AI __m512 q4k_one(const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512
         }
         M = q4k_min(B, y, hl);
     }
-    const __m512i I = _mm512_add_epi32(Ie, _mm512_srai_epi32(Io, 4));
+    const __m512i I = _mm512_add_epi32(Ie, q5 ? Io : _mm512_srai_epi32(Io, 4));
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(B + RP_Q4K_DMIN)));
     return chain_neg(chain(a, d, y->d, I), dmin, y->d, M);
@@ -489,8 +505,9 @@ static const tok_fn tok_table[3][TCH + 1] = {
     {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6, q5k_t7, q5k_t8},
 };
 /* CPU_STREAM_TOUCH's Q4_K / Q5_K chunk kernels of up to TOUCH_TOK tokens (cpu/prefetch.h): beside
- * their requests, each quant line first read by a 256-bit load (q4k_touch; Q5_K's 5th-bit lines are
- * not). At two tokens ~1.07x without, at four and six ~0.98x: their compute per line bounds them. */
+ * their requests, each line first read by a 256-bit load (q4k_touch: a block's header lines, and Q5_K's
+ * 5th-bit lines, at its start). At two tokens ~1.07x without, at four and six ~0.98x: their compute per
+ * line bounds them. */
 #define TOUCH_TOK 2
 DEF_Q45(tt, 1, true)
 DEF_Q45(tt, 2, true)
@@ -514,7 +531,7 @@ AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *h
         const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
         const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end;
         if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end, nx, f);
-        a = q4k_one(B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
+        a = q45k_one(0, B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
     }
     _mm512_store_ps(acc, a);
 }
@@ -533,43 +550,42 @@ AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *h
     _mm512_store_ps(acc, a);
 }
 
-/* The same for Q5_K, through its chunk kernel at T = 1 (the accumulator makes a round trip through
- * acc per block). */
-AI void q5k_block1(const uint8_t *G, int b, const block_q8k *y, float *acc, const uint8_t *end, const cpu_next *nx,
-                   const int f) {
-    const uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
-    const bool spread = B + CPU_FORM_SPAN(f) + RP_Q5K_BLOCK <= end;
-    if (!spread) cpu_prefetch_ahead_form(B, RP_Q5K_BLOCK, end, nx, f);
-    int32_t pb[4] __attribute__((aligned(16)));
-    q4k_pair_sums(y + b, pb);
-    const block_q8k *const yb[1] = {y + b};
-    q45k_tokens(1, 1, B, yb, pb, acc, spread, f, f == CPU_STREAM_TOUCH);
-}
+/* The same for Q5_K (q45k_one with q5; its min term from the same q4k_hl operands). */
 AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
                    const uint8_t *end, const cpu_next *nx, const int f) {
-    (void)hl;
-    _mm512_store_ps(acc, _mm512_setzero_ps());
-    for (int b = 0; b < nb; b++) q5k_block1(G, b, y, acc, end, nx, f);
+    __m512 a = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
+        const bool spread = B + CPU_FORM_SPAN(f) + RP_Q5K_BLOCK <= end;
+        if (!spread) cpu_prefetch_ahead_form(B, RP_Q5K_BLOCK, end, nx, f);
+        a = q45k_one(1, B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
+    }
+    _mm512_store_ps(acc, a);
 }
 
 /* One token against two groups G[0], G[1] in lockstep, block by block (CPU_STREAM_TWO_L1: two
  * streams, each with its own end[s] and continuation nx[s]); each group's chain is
- * q4k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. Q4_K's min term is made from y's bsums in
- * each block (q4k_min_sum), not from a call's q4k_hl operands: in this lockstep loop those read 0.85x
- * in cache (bench/cpu-speed.md, thirty-third session). */
-static __attribute__((noinline)) void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
-                                                 const uint8_t *const end[2], const cpu_next *const nx[2]) {
+ * q4k_group1's / q5k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. The Q4_K / Q5_K min term is made
+ * from y's bsums in each block (q4k_min_sum), not from a call's q4k_hl operands: in this lockstep loop those
+ * read 0.85x in cache (bench/cpu-speed.md, thirty-third session). */
+AI void q45k_group2(const int q5, const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                    const uint8_t *const end[2], const cpu_next *const nx[2]) {
     const int f = CPU_STREAM_TWO_L1;
+    const size_t bb = q5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK;
     __m512 a[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int b = 0; b < nb; b++)
         _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++) {
-            const uint8_t *B = G[s] + (size_t)b * RP_Q4K_BLOCK;
-            const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end[s];
-            if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end[s], nx[s], f);
-            a[s] = q4k_one(B, launder_y(y + b), NULL, a[s], spread, f);
+            const uint8_t *B = G[s] + (size_t)b * bb;
+            const bool spread = B + CPU_FORM_SPAN(f) + bb <= end[s];
+            if (!spread) cpu_prefetch_ahead_form(B, bb, end[s], nx[s], f);
+            a[s] = q45k_one(q5, B, launder_y(y + b), NULL, a[s], spread, f);
         }
     _mm512_store_ps(acc, a[0]);
     _mm512_store_ps(acc + 16, a[1]);
+}
+static __attribute__((noinline)) void q4k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
+                                                 const uint8_t *const end[2], const cpu_next *const nx[2]) {
+    q45k_group2(0, G, nb, y, acc, end, nx);
 }
 static __attribute__((noinline)) void q6k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *const end[2], const cpu_next *const nx[2]) {
@@ -590,15 +606,11 @@ static __attribute__((noinline)) void q6k_group2(const uint8_t *const G[2], int 
 
 static __attribute__((noinline)) void q5k_group2(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
                                                  const uint8_t *const end[2], const cpu_next *const nx[2]) {
-    _mm512_store_ps(acc, _mm512_setzero_ps());
-    _mm512_store_ps(acc + 16, _mm512_setzero_ps());
-    for (int b = 0; b < nb; b++)
-        _Pragma("GCC unroll 2") for (int s = 0; s < 2; s++)
-            q5k_block1(G[s], b, launder_y(y), acc + 16 * s, end[s], nx[s], CPU_STREAM_TWO_L1);
+    q45k_group2(1, G, nb, y, acc, end, nx);
 }
 
 /* The one-token kernels, one per (type, stream form). */
-/* hl: the token's q4k_hl operands, RP_Q4K_HL_BYTES a block (Q4_K; NULL: made from y's bsums in each block). */
+/* hl: the token's q4k_hl operands, RP_Q4K_HL_BYTES a block (Q4_K, Q5_K; NULL: made from y's bsums in each block). */
 typedef void (*one_fn)(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc, const uint8_t *end,
                        const cpu_next *nx);
 #define DEF_ONE(NAME, BODY, F)                                                                              \
@@ -654,7 +666,7 @@ static void gemm_one(const int ti, const int form, const uint8_t *w, size_t grou
     float acc[32] __attribute__((aligned(64)));
     int8_t hlbuf[RP_Q4K_HL_MAX * RP_Q4K_HL_BYTES];
     const int8_t *hl = NULL;
-    if (ti == 0 && nb <= RP_Q4K_HL_MAX) {
+    if (ti != 1 && nb <= RP_Q4K_HL_MAX) { /* Q4_K, Q5_K */
         for (int b = 0; b < nb; b++) q4k_hl(y + b, hlbuf + RP_Q4K_HL_BYTES * b);
         hl = hlbuf;
     }
