@@ -6,7 +6,7 @@
  * this shared VM, separate runs drift by 20–40% between phases, alternating calls within a
  * process do not, though a best-of-8 ratio still moves 2–3% between identical sides.
  *
- *   ab_kernel ROWS NTOK TYPE(q4_k|q5_k|q6_k) THREADS [K=2048] [NMAT=1]
+ *   ab_kernel ROWS NTOK TYPE(q4_k|q5_k|q6_k|q4_0|q8_0) THREADS [K=2048] [NMAT=1]
  * ROWS 32 keeps the matrix in cache (36 KB of Q4_K, 53 KB of Q6_K at k = 2048: the kernels'
  * compute speed); 400000 rows (~0.45 GiB) streams it from memory. NMAT > 1 copies of the matrix
  * run one after another with all threads (a barrier after each, as the model's stages do), e.g.
@@ -117,11 +117,15 @@ static void *huge_alloc(size_t n) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q5_k|q6_k THREADS [K] [NMAT]\n");
+        fprintf(stderr, "usage: ab_kernel ROWS NTOK q4_k|q5_k|q6_k|q4_0|q8_0 THREADS [K] [NMAT]\n");
         return 2;
     }
     const int rows = atoi(argv[1]), nt = atoi(argv[2]), nth = DT_MIN(16, atoi(argv[4]));
-    const uint32_t type = !strcmp(argv[3], "q6_k") ? QT_Q6_K : !strcmp(argv[3], "q5_k") ? QT_Q5_K : QT_Q4_K;
+    const uint32_t type = !strcmp(argv[3], "q6_k")   ? QT_Q6_K
+                          : !strcmp(argv[3], "q5_k") ? QT_Q5_K
+                          : !strcmp(argv[3], "q4_0") ? QT_Q4_0
+                          : !strcmp(argv[3], "q8_0") ? QT_Q8_0
+                                                     : QT_Q4_K;
     const int k = argc > 5 ? atoi(argv[5]) : 2048, nmat = argc > 6 ? atoi(argv[6]) : 1;
     if (rows <= 0 || nt <= 0 || nth <= 0 || (rows + 15) / 16 < nth || k <= 0 || k % QK_K || nmat <= 0) {
         fprintf(stderr, "ab_kernel: need ROWS >= 16 x THREADS, NTOK > 0, K a multiple of %d, NMAT > 0\n", QK_K);
@@ -139,15 +143,15 @@ int main(int argc, char **argv) {
     const size_t bb = tr->bytes, nb = rb / bb;
     for (size_t b = 0; b < nb * (size_t)rows; b++) {
         uint8_t *B = src + b * bb;
-        /* Q4_K, Q5_K: d, dmin at bytes 0..3; Q6_K: d at the last two bytes */
-        const bool q6 = type == QT_Q6_K;
+        /* Q4_K, Q5_K: d, dmin at bytes 0..3; Q4_0, Q8_0: d at bytes 0..1; Q6_K: d at the last two bytes */
+        const bool q6 = type == QT_Q6_K, one = q6 || type == QT_Q4_0 || type == QT_Q8_0;
         uint8_t *d = q6 ? B + bb - 2 : B;
-        for (int h = 0; h < (q6 ? 1 : 2); h++) d[2 * h + 1] = (uint8_t)(0x20 | (d[2 * h + 1] & 3));
+        for (int h = 0; h < (one ? 1 : 2); h++) d[2 * h + 1] = (uint8_t)(0x20 | (d[2 * h + 1] & 3));
     }
     const size_t mstride = (rpm + 4095) / 4096 * 4096;
     uint8_t *wp = huge_alloc(mstride * (size_t)nmat);
     for (int m = 0; m < nmat; m++) repack_rows(type, src, rb, rows, k, wp + (size_t)m * mstride, 0, (rows + 15) / 16);
-    const size_t ab = quant_act_bytes(QA_Q8_256, k);
+    const size_t ab = quant_act_bytes(tr->act, k);
     uint8_t *act = xmalloc(ab * (size_t)nt);
     float *xf = xmalloc((size_t)k * sizeof(float));
     for (int t = 0; t < nt; t++) {
@@ -155,7 +159,7 @@ int main(int argc, char **argv) {
             s ^= s << 13, s ^= s >> 7, s ^= s << 17;
             xf[i] = (float)((int)(s % 2001) - 1000) * 1e-3f;
         }
-        quant_act_row(QA_Q8_256, xf, act + (size_t)t * ab, k);
+        quant_act_row(tr->act, xf, act + (size_t)t * ab, k);
     }
     const size_t on = (size_t)rows * (size_t)nt;
     float *ref = xmalloc(on * sizeof(float)), *out[2] = {xmalloc(on * sizeof(float)), xmalloc(on * sizeof(float))};

@@ -6,7 +6,7 @@
 # bitwise against A); with --attn-cold, in bench/attn_cold.c (the arena cold, as a decode step
 # finds it: two threads, layer after layer of the 30B-A3B geometry).
 #
-#   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k; or q5_k] [THREADS=1] [NMAT=1]
+#   bench/ab_kernel.sh REV_A REV_B [ROWS=32] [NTOK=1,2,4,6,8] [TYPES=q4_k,q6_k; also q5_k, q4_0, q8_0] [THREADS=1] [NMAT=1]
 #   bench/ab_kernel.sh HEAD~1 HEAD 400000 1 q4_k 2       # one token, from memory, two threads
 #   bench/ab_kernel.sh HEAD~1 HEAD 1536 1 q4_k 2 300     # 300 expert-sized matrices in turn
 #   AB_K=768 bench/ab_kernel.sh WORK WORK 2048 1 q4_k 2 300  # 300 down-projection-shaped ones (k 768)
