@@ -523,17 +523,27 @@ static const tok_fn tok_touch_table[3][TOUCH_TOK + 1] = {
  * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
  * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same in a block's first
  * chunk of up to 8 tokens (from memory 1.15-1.6x at 2-8 tokens, 1.3-1.4x at 16, 1.05-1.13x at 64).
- * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). */
-AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
-                   const uint8_t *end, const cpu_next *nx, const int f) {
+ * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). q5: Q5_K's
+ * blocks (its min term from the same q4k_hl operands). */
+AI void q45k_group1(const int q5, const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
+                    const uint8_t *end, const cpu_next *nx, const int f) {
+    const size_t bb = q5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK;
     __m512 a = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t *B = G + (size_t)b * RP_Q4K_BLOCK;
-        const bool spread = B + CPU_FORM_SPAN(f) + RP_Q4K_BLOCK <= end;
-        if (!spread) cpu_prefetch_ahead_form(B, RP_Q4K_BLOCK, end, nx, f);
-        a = q45k_one(0, B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
+        const uint8_t *B = G + (size_t)b * bb;
+        const bool spread = B + CPU_FORM_SPAN(f) + bb <= end;
+        if (!spread) cpu_prefetch_ahead_form(B, bb, end, nx, f);
+        a = q45k_one(q5, B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
     }
     _mm512_store_ps(acc, a);
+}
+AI void q4k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
+                   const uint8_t *end, const cpu_next *nx, const int f) {
+    q45k_group1(0, G, nb, y, hl, acc, end, nx, f);
+}
+AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
+                   const uint8_t *end, const cpu_next *nx, const int f) {
+    q45k_group1(1, G, nb, y, hl, acc, end, nx, f);
 }
 AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
                    const uint8_t *end, const cpu_next *nx, const int f) {
@@ -546,19 +556,6 @@ AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *h
         const bool spread = B + CPU_FORM_SPAN(f) + RP_Q6K_BLOCK <= end;
         if (!spread) cpu_prefetch_ahead_form(B, RP_Q6K_BLOCK, end, nx, f);
         a = q6k_one(B, G + 32 * b, y + b, a, spread, f);
-    }
-    _mm512_store_ps(acc, a);
-}
-
-/* The same for Q5_K (q45k_one with q5; its min term from the same q4k_hl operands). */
-AI void q5k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *hl, float *acc,
-                   const uint8_t *end, const cpu_next *nx, const int f) {
-    __m512 a = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *B = G + (size_t)b * RP_Q5K_BLOCK;
-        const bool spread = B + CPU_FORM_SPAN(f) + RP_Q5K_BLOCK <= end;
-        if (!spread) cpu_prefetch_ahead_form(B, RP_Q5K_BLOCK, end, nx, f);
-        a = q45k_one(1, B, y + b, hl ? hl + RP_Q4K_HL_BYTES * b : NULL, a, spread, f);
     }
     _mm512_store_ps(acc, a);
 }
