@@ -29,7 +29,7 @@
  * per token count 1..8 keeps everything in registers); more tokens take more chunks, which
  * find the block in L1. The 16 rows' scales are decoded in registers per chunk (no gathers).
  * One token (decode of a lone stream) has its own path: a whole 16-row group per call, the
- * accumulator in a register, the block's sub-block sums as interleaved chains (q4k_one,
+ * accumulator in a register, the block's sub-block sums as interleaved chains (q45k_one,
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
  * The matrix is one sequential stream per group, software-prefetched CPU_PF_DIST bytes ahead into
  * L1 and CPU_PF_FAR into L2 (cpu/prefetch.h); at one token the host's stream form decides (the
@@ -221,9 +221,10 @@ AI __m512i q5k_bit(__m512i H, const int j) {
  * sum is shifted back exactly). Q5_K or-s each quant's 5th bit in (bit j of the H vector's byte
  * for sub-block j, at bit 4), so u = q in 0..31 (|s_j| <= 32*31*127 = 125984, |I| <= 8*63*125984
  * = 6.35e7), and takes its high nibbles shifted down, not as 16q. Integer sums are order-free, so
- * I is the reference's. `spread` as in q4k_one. */
+ * I is the reference's. `spread` as in q45k_one. */
 AI void q45k_tokens(const int q5, const int T, const uint8_t *B, const block_q8k *const *y, const int32_t *pb,
-                    float *acc, const bool spread, const int f, const bool touch) {
+                    float *acc, const bool spread, const bool touch) {
+    const int f = CPU_STREAM_NEAR_FAR; /* the chunk kernels' requests in every form (cpu/prefetch.h) */
     __m512i I[TCH];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
     if (spread) pf_lines(B, 32, q5 ? 12 : 4, f);
@@ -378,7 +379,7 @@ AI __m512i q6k_scpair(const uint8_t *B, int p) {
 /* T tokens against one Q6_K block B whose 16 fp16 d are at D.
  * I = sum_j sc_j * s_j - 32 * sum_j sc_j * bsum_j, with s_j = sum u*a over sub-block j
  * (vpdpbusd, u = q + 32 unsigned) and the second sum by vpdpwssd on int16 pairs. `spread` as in
- * q4k_one (52 lines: three per sub-block, four first). */
+ * q45k_one (52 lines: three per sub-block, four first). */
 AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_q8k *const *y, float *acc,
                    const bool spread) {
     __m512i I[TCH];
@@ -422,7 +423,7 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *D, const block_
  * weight vectors that share their loads (e = 32h + 8s + n, s = 0..3: nibble vectors L[16h + n],
  * L[16h + 8 + n], 2-bit vector H[8h + n]) are made together from three loads, each as
  * nibble | (2 bits & 0x30) in one vpternlogd; the 8 sub-block sums of a half h run as 8 chains.
- * `spread` as in q4k_one (52 lines: three beside each of the 16 load triples, four first). */
+ * `spread` as in q45k_one (52 lines: three beside each of the 16 load triples, four first). */
 AI __m512 q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m512 a, const bool spread,
                  const int f) {
     const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
@@ -476,12 +477,12 @@ typedef void (*tok_fn)(const uint8_t *B, const uint8_t *D, const block_q8k *cons
     static __attribute__((noinline)) void q4k_##P##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                      const int32_t *pb, float *acc, bool spread) {            \
         (void)D;                                                                                              \
-        q45k_tokens(0, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, TOUCH);                                 \
+        q45k_tokens(0, T, B, y, pb, acc, spread, TOUCH);                                                      \
     }                                                                                                         \
     static __attribute__((noinline)) void q5k_##P##T(const uint8_t *B, const uint8_t *D, const block_q8k *const *y, \
                                                      const int32_t *pb, float *acc, bool spread) {            \
         (void)D;                                                                                              \
-        q45k_tokens(1, T, B, y, pb, acc, spread, CPU_STREAM_NEAR_FAR, TOUCH);                                 \
+        q45k_tokens(1, T, B, y, pb, acc, spread, TOUCH);                                                      \
     }
 #define DEF_T(T)                                                                                              \
     DEF_Q45(t, T, false)                                                                                      \
@@ -515,9 +516,9 @@ static const tok_fn tok_touch_table[3][TOUCH_TOK + 1] = {
     {NULL, q4k_tt1, q4k_tt2}, {NULL, q6k_t1, q6k_t2}, {NULL, q5k_tt1, q5k_tt2}};
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
- * one-token path's loop without a call and an accumulator round trip per block. q4k_one /
- * q6k_one read each block front to back (the Q6_K layout is ordered for it). Each block's lines
- * the stream form f's distances ahead (CPU_FORM_DIST / CPU_FORM_FAR, cpu/prefetch.h) are requested
+ * one-token path's loop without a call and an accumulator round trip per block. q45k_one /
+ * q6k_one read each block front to back (the Q5_K and Q6_K layouts are ordered for it). Each
+ * block's lines the stream form f's distances ahead (CPU_FORM_DIST / CPU_FORM_FAR, cpu/prefetch.h) are requested
  * line by line within it where they lie within `end`; near it, in a burst before the block,
  * continuing into nx past it. Spread
  * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
