@@ -578,7 +578,8 @@ static void summary(const int *streams, int n_streams, int rows, int repeat, boo
 static void print_profile(const bench_row *rows, int n) {
     if (n < 1 || rows[0].n_stages < 1) return;
     printf("\nper-stage time per decode step (first repeat): ms, and for gemm stages weight GB/s and the ms from the first"
-           " thread done with the stage's gemm work to the last (summed over the step's calls)\n\n| stage |");
+           " thread done with the stage's gemm work to the last (summed over the step's calls); for other stages"
+           " that end at a barrier (the one-job solo step), the ms from the first thread there to the last\n\n| stage |");
     for (int i = 0; i < n; i++) printf(" %d %s |", rows[i].streams, rows[i].label);
     printf("\n|---|");
     for (int i = 0; i < n; i++) printf("---:|");
@@ -590,6 +591,8 @@ static void print_profile(const bench_row *rows, int n) {
             if (b->weight_bytes && b->seconds > 0)
                 printf(" %.2f (%.0f GB/s; ends %.2f) |", 1e3 * b->seconds, (double)b->weight_bytes / b->seconds / 1e9,
                        1e3 * b->ends);
+            else if (b->ends > 0) /* a barrier's spread: the stage before it ended unevenly */
+                printf(" %.2f (ends %.2f) |", 1e3 * b->seconds, 1e3 * b->ends);
             else
                 printf(" %.2f |", 1e3 * b->seconds);
         }
