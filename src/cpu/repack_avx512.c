@@ -499,8 +499,10 @@ DEF_T(5)
 DEF_T(6)
 DEF_T(7)
 DEF_T(8)
-/* [0: Q4_K, 1: Q6_K, 2: Q5_K][T] */
-static const tok_fn tok_table[3][TCH + 1] = {
+/* The kernel tables' first index: the type. */
+enum { RP_TI_Q4K, RP_TI_Q6K, RP_TI_Q5K, RP_TI_COUNT };
+/* [RP_TI_*][T] */
+static const tok_fn tok_table[RP_TI_COUNT][TCH + 1] = {
     {NULL, q4k_t1, q4k_t2, q4k_t3, q4k_t4, q4k_t5, q4k_t6, q4k_t7, q4k_t8},
     {NULL, q6k_t1, q6k_t2, q6k_t3, q6k_t4, q6k_t5, q6k_t6, q6k_t7, q6k_t8},
     {NULL, q5k_t1, q5k_t2, q5k_t3, q5k_t4, q5k_t5, q5k_t6, q5k_t7, q5k_t8},
@@ -512,7 +514,7 @@ static const tok_fn tok_table[3][TCH + 1] = {
 #define TOUCH_TOK 2
 DEF_Q45(tt, 1, true)
 DEF_Q45(tt, 2, true)
-static const tok_fn tok_touch_table[3][TOUCH_TOK + 1] = {
+static const tok_fn tok_touch_table[RP_TI_COUNT][TOUCH_TOK + 1] = {
     {NULL, q4k_tt1, q4k_tt2}, {NULL, q6k_t1, q6k_t2}, {NULL, q5k_tt1, q5k_tt2}};
 
 /* One token against one 16-row group (every block, the accumulators in registers): the
@@ -627,14 +629,14 @@ DEF_ONE(q6k_one_pl, q6k_group1, CPU_STREAM_PLAIN)
 DEF_ONE(q5k_one_pl, q5k_group1, CPU_STREAM_PLAIN)
 DEF_ONE(q4k_one_tc, q4k_group1, CPU_STREAM_TOUCH)
 DEF_ONE(q5k_one_tc, q5k_group1, CPU_STREAM_TOUCH)
-/* [0: Q4_K, 1: Q6_K, 2: Q5_K][enum cpu_stream]: the one-token kernels, and the two-group one (Q6_K
+/* [RP_TI_*][enum cpu_stream]: the one-token kernels, and the two-group one (Q6_K
  * reads as fast as plain loads without touches: its kernel is plain's in CPU_STREAM_TOUCH) */
-static const one_fn one_table[3][CPU_STREAM_COUNT] = {{q4k_one_nf, q4k_one_l1, q4k_one_pl, q4k_one_tc},
+static const one_fn one_table[RP_TI_COUNT][CPU_STREAM_COUNT] = {{q4k_one_nf, q4k_one_l1, q4k_one_pl, q4k_one_tc},
                                                       {q6k_one_nf, q6k_one_l1, q6k_one_pl, q6k_one_pl},
                                                       {q5k_one_nf, q5k_one_l1, q5k_one_pl, q5k_one_tc}};
 typedef void (*two_fn)(const uint8_t *const G[2], int nb, const block_q8k *y, float *acc, const uint8_t *const end[2],
                        const cpu_next *const nx[2]);
-static const two_fn two_table[3] = {q4k_group2, q6k_group2, q5k_group2};
+static const two_fn two_table[RP_TI_COUNT] = {q4k_group2, q6k_group2, q5k_group2};
 /* Stores the sums of group g (16 lanes at acc) to out, rows below r1 only. */
 static void store_group(float *out, int g, int r1, const float *acc) {
     const int nr = DT_MIN(REPACK_ROWS, r1 - g * REPACK_ROWS);
@@ -664,7 +666,7 @@ static void gemm_one(const int ti, const int form, const uint8_t *w, size_t grou
     float acc[32] __attribute__((aligned(64)));
     int8_t hlbuf[RP_Q4K_HL_MAX * RP_Q4K_HL_BYTES];
     const int8_t *hl = NULL;
-    if (ti != 1 && nb <= RP_Q4K_HL_MAX) { /* Q4_K, Q5_K */
+    if (ti != RP_TI_Q6K && nb <= RP_Q4K_HL_MAX) { /* Q4_K, Q5_K */
         for (int b = 0; b < nb; b++) q4k_hl(y + b, hlbuf + RP_Q4K_HL_BYTES * b);
         hl = hlbuf;
     }
@@ -691,7 +693,7 @@ static void gemm_one(const int ti, const int form, const uint8_t *w, size_t grou
 
 static void gemm_rp(const int type, const int form, GEMM_ARGS, const cpu_next *nx) {
     DT_ASSERT(r0 >= 0 && r0 % REPACK_ROWS == 0);
-    const int is6 = type == QT_Q6_K, is5 = type == QT_Q5_K, ti = is5 ? 2 : is6;
+    const int is6 = type == QT_Q6_K, is5 = type == QT_Q5_K, ti = is5 ? RP_TI_Q5K : is6 ? RP_TI_Q6K : RP_TI_Q4K;
     const int nb = k / QK_K;
     const size_t bb = is6 ? RP_Q6K_BLOCK : is5 ? RP_Q5K_BLOCK : RP_Q4K_BLOCK;
     const size_t hdr = is6 ? rp_q6k_header(nb) : 0;
