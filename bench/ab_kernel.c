@@ -125,7 +125,12 @@ int main(int argc, char **argv) {
                           : !strcmp(argv[3], "q5_k") ? QT_Q5_K
                           : !strcmp(argv[3], "q4_0") ? QT_Q4_0
                           : !strcmp(argv[3], "q8_0") ? QT_Q8_0
-                                                     : QT_Q4_K;
+                          : !strcmp(argv[3], "q4_k") ? QT_Q4_K
+                                                     : QT_COUNT;
+    if (type == QT_COUNT) {
+        fprintf(stderr, "ab_kernel: TYPE must be q4_k, q5_k, q6_k, q4_0 or q8_0, not %s\n", argv[3]);
+        return 2;
+    }
     const int k = argc > 5 ? atoi(argv[5]) : 2048, nmat = argc > 6 ? atoi(argv[6]) : 1;
     if (rows <= 0 || nt <= 0 || nth <= 0 || (rows + 15) / 16 < nth || k <= 0 || k % QK_K || nmat <= 0) {
         fprintf(stderr, "ab_kernel: need ROWS >= 16 x THREADS, NTOK > 0, K a multiple of %d, NMAT > 0\n", QK_K);
