@@ -327,6 +327,39 @@ static double place_wait(bench_probe *probe, int place, double budget) {
     return time_now() - t0;
 }
 
+/* After paired_run's trace rows: per path and stage, the median over the steps in each placement
+ * (near / far, far[i]) of the stage's ms and, for a stage that reads weights, of its weight rate over
+ * the best pattern right after the pair (st_pct; -1 where it read none): which stage loses what. */
+static void trace_summary(const char *const *names, int n_eng, int n, int ntps, backend_stage (*stages)[BENCH_STAGES],
+                          const int *far, double (*st_ms)[BENCH_STAGES][100], double (*st_pct)[BENCH_STAGES][100]) {
+    double any = 0.0; /* engines made without profile time no stage */
+    for (int k = 0; k < n_eng; k++)
+        for (int s = 0; s < ntps; s++)
+            for (int i = 0; i < n; i++) any += st_ms[k][s][i];
+    if (any <= 0.0) return;
+    printf("\ntrace summary: per stage, the median over the steps in each placement of its ms and, for a stage that reads"
+           " weights, of its weight rate as %% of the best pattern right after the pair\n\n"
+           "| path | stage | near ms | near %% of the probe | far ms | far %% of the probe |\n|---|---|---:|---:|---:|---:|\n");
+    for (int k = 0; k < n_eng; k++)
+        for (int s = 0; s < ntps; s++) {
+            printf("| %s | %s |", names[k], stages[k][s].name);
+            for (int h = 0; h < 2; h++) {
+                double v[100], w[100];
+                int m = 0, mw = 0;
+                for (int i = 0; i < n; i++) {
+                    if (far[i] != h) continue;
+                    v[m++] = st_ms[k][s][i];
+                    if (st_pct[k][s][i] >= 0) w[mw++] = st_pct[k][s][i];
+                }
+                if (m) printf(" %.3f |", median(v, m));
+                else printf(" — |");
+                if (mw) printf(" %.1f%% |", median(w, mw));
+                else printf(" |");
+            }
+            printf("\n");
+        }
+}
+
 static int paired_run(engine *const *eng, const char *const *names, int n_eng, bench_probe *probe, int plen, int n,
                       bool trace, int place, paired_out *po, ditto_err *err) {
     DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
@@ -339,6 +372,8 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
     int far[100];   /* rt[i] > BENCH_RTT_FAR_NS */
     backend_stage tp0[2][BENCH_STAGES], tp1[2][BENCH_STAGES];
     int ntps = 0;
+    /* with trace: each step's ms per stage, and a gemm stage's weight rate over the probe's best after the pair in % (-1: none) */
+    double st_ms[2][BENCH_STAGES][100], st_pct[2][BENCH_STAGES][100];
     const int V = eng[0]->m->hp.n_vocab;
     for (int k = 0; k < n_eng; k++) {
         uint64_t rng = 77;
@@ -395,10 +430,17 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
                 printf("\n");
             }
             printf("| %s | %d | %.1f | %.1f | %.0f | %.1f | %.2f |", names[k], i, pb, ps, rt[i], gbs[k], ms[k]);
-            for (int s = 0; s < ntps; s++) printf(" %.3f |", 1e3 * (tp1[k][s].seconds - tp0[k][s].seconds));
+            for (int s = 0; s < ntps; s++) {
+                const double sec = tp1[k][s].seconds - tp0[k][s].seconds;
+                const uint64_t wb = tp1[k][s].weight_bytes - tp0[k][s].weight_bytes;
+                st_ms[k][s][i] = 1e3 * sec;
+                st_pct[k][s][i] = wb && sec > 0 ? 100.0 * (double)wb / sec / 1e9 / pb : -1.0;
+                printf(" %.3f |", 1e3 * sec);
+            }
             printf("\n");
         }
     }
+    if (trace && ntps) trace_summary(names, n_eng, n, ntps, tp1, far, st_ms, st_pct);
     /* by phase: steps whose probe lies below / at or above the midpoint of all the probes' range */
     po->probe_lo = 1e300, po->probe_hi = 0.0;
     for (int k = 0; k < n_eng; k++)

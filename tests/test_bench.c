@@ -125,8 +125,8 @@ int main(void) {
     /* paired batches with --profile: the aggregate ratio over all steps, and a per-stage table
      * of the solo and the batch steps whose last row sums the stages */
     char *pp[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1,2", "--prompt-len", "8",
-                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--profile"};
-    rc = run_bench(14, pp, out, sizeof out);
+                  "--gen-len", "2", "--threads", "2", "--paired", "3", "--profile", "--trace"};
+    rc = run_bench(15, pp, out, sizeof out);
     CHECK(rc == 0, "bench --paired --profile exit %d", rc);
     pb = strstr(out, "paired batches (");
     row2 = pb ? strstr(pb, "\n| 2 | ") : NULL;
@@ -150,6 +150,25 @@ int main(void) {
     if (sum) sscanf(sum, "\n| sum of stages | %lf | %lf | %lf |", &so, &ba, &xs);
     CHECK(so > 0 && ba > 0 && xs > 0.99 * (ba / so) - 0.006 && xs < 1.01 * (ba / so) + 0.006,
           "paired per-stage sums: solo %g ms, batch %g ms, x %g (their ratio)", so, ba, xs);
+    /* --trace with --profile: the summary's row per path and stage, a gemm stage's weight rate as a
+     * positive % of the probe in the placement its steps ran in, a small stage's without one */
+    const char *ts = strstr(out, "\ntrace summary: per stage");
+    int sum_rows = 0, qkv_pct = 0, attn_pct = 0;
+    for (const char *l = ts ? strstr(ts, "|---|---|---:|---:|---:|---:|\n") : NULL; l && (l = strstr(l + 1, "\n| "));) {
+        if (strncmp(l, "\n| solo | ", 10) && strncmp(l, "\n| unify | ", 11)) break;
+        sum_rows++;
+        char row[256], *cell[8];
+        int nc = 0;
+        snprintf(row, sizeof row, "%.*s", (int)strcspn(l + 1, "\n"), l + 1);
+        for (char *c = strtok(row, "|"); c && nc < 8; c = strtok(NULL, "|")) cell[nc++] = c;
+        /* cells: path, stage, near ms, near %, far ms, far % */
+        const bool pcts = nc == 6 && (atof(cell[3]) > 0.0 || atof(cell[5]) > 0.0);
+        if (nc == 6 && !strcmp(cell[1], " q/k/v gemm ")) qkv_pct += pcts;
+        if (nc == 6 && !strcmp(cell[1], " attention ")) attn_pct += pcts || strchr(cell[3], '%') || strchr(cell[5], '%');
+    }
+    CHECK(sum_rows == 30 && qkv_pct == 2 && attn_pct == 0,
+          "trace summary: %d rows (want 15 stages x 2 paths), q/k/v with a %% in %d of 2, attention in %d", sum_rows, qkv_pct,
+          attn_pct);
 
     /* --prefill-chunk: the prompt in forward calls of that many rows */
     char *pc[] = {"bench", "-m", "models/tiny-qwen3moe-q4_k_m.gguf", "--streams", "1", "--prompt-len", "20",
