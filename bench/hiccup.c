@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         printf(" %.2f | %.1f ms (%.2f%%) |", longest * 1e3, lost * 1e3, 100.0 * lost / seconds);
         if (n_cpu > 1) printf(" %.0f%% |\n", lost > 0.0 ? 100.0 * shared / lost : 0.0);
         else printf(" — |\n");
-        if (g[c].n == MAX_GAPS) printf("(CPU %d: more than %d gaps; the rest not counted)\n", c, MAX_GAPS);
+        if (g[c].n == MAX_GAPS) printf("(CPU %d: its first %d gaps only; any later ones not counted)\n", c, MAX_GAPS);
     }
     for (int c = 0; c < n_cpu; c++) free(g[c].start), free(g[c].len);
     return 0;
