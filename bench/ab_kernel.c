@@ -18,7 +18,8 @@
  * (each thread its rows' groups front to back, no software prefetch, no compute), and prints A
  * and B against it beside the slower and the faster half of its rounds (split at the midpoint of
  * its range): how much of the machine's stream each kernel form turns into gemm speed, in the
- * same seconds (bench/cpu-speed.md, thirty-first session). */
+ * same seconds (bench/cpu-speed.md, thirty-first session). AB_LOADS=2 makes that pass the two-l1
+ * form's pattern instead (loads_two). */
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -58,6 +59,37 @@ __attribute__((target("avx2"))) static void loads_only(const void *w, size_t gb,
     loads_sink = (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
 }
 
+/* loads_only in the two-l1 stream form's request pattern (cpu/prefetch.h, CPU_STREAM_TWO_L1):
+ * the rows' groups in two halves read in lockstep, a block's bytes (gb / (k / 256)) at a time
+ * from each, 512-bit loads, each line requested CPU_PF2_DIST ahead into L1 — the kernel's own
+ * stream without its compute (AB_LOADS=2). */
+__attribute__((target("avx512f"))) static void loads_two(const void *w, size_t gb, int r0, int r1, int k,
+                                                         const void *act, size_t ab, int nt, float *out, size_t os) {
+    (void)act, (void)ab, (void)nt, (void)out, (void)os;
+    const int g0 = r0 / 16, g1 = (r1 + 15) / 16, h = (g1 - g0) / 2;
+    const size_t blk = gb / (size_t)(k / QK_K);
+    const uint8_t *base = (const uint8_t *)w;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+    const uint8_t *p[2] = {base + (size_t)g0 * gb, base + (size_t)(g0 + h) * gb};
+    const uint8_t *const e0 = p[1];
+    while (p[0] < e0) {
+        for (int s = 0; s < 2; s++) {
+            for (size_t o = 0; o < blk; o += 64) {
+                _mm_prefetch((const char *)p[s] + o + 4096, _MM_HINT_T0);
+                const __m512i v = _mm512_load_si512((const void *)(p[s] + o));
+                if (s) a1 = _mm512_xor_si512(a1, v);
+                else a0 = _mm512_xor_si512(a0, v);
+            }
+            p[s] += blk;
+        }
+    }
+    for (const uint8_t *q = base + (size_t)(g0 + 2 * h) * gb, *e = base + (size_t)g1 * gb; q < e; q += 64) {
+        _mm_prefetch((const char *)q + 4096, _MM_HINT_T0);
+        a0 = _mm512_xor_si512(a0, _mm512_load_si512((const void *)q));
+    }
+    loads_sink = (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(_mm512_xor_si512(a0, a1)));
+}
+
 static double med(double *v, int n) { /* sorts v (insertion sort: rounds are few) */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
@@ -71,9 +103,19 @@ static double med(double *v, int n) { /* sorts v (insertion sort: rounds are few
  * calls are, takes 20-100 us: thread creation per pass would dominate it). */
 typedef struct {
     gemm_job jobs[16];
+    int cnt[16];    /* matrices thread i runs, mstride apart from jobs[i].w */
+    size_t mstride;
     int nth;
     _Atomic int gen, done, quit;
 } team;
+
+static void team_run(team *tm, int id) {
+    for (int c = 0; c < tm->cnt[id]; c++) {
+        gemm_job j = tm->jobs[id];
+        j.w = (const uint8_t *)j.w + (size_t)c * tm->mstride;
+        gemm_job_run(&j);
+    }
+}
 
 static void *worker(void *p) {
     team *tm = p;
@@ -85,23 +127,32 @@ static void *worker(void *p) {
         while ((g = tm->gen) == seen && !tm->quit) __builtin_ia32_pause();
         if (tm->quit) return NULL;
         seen = g;
-        gemm_job_run(&tm->jobs[id]);
+        team_run(tm, id);
         tm->done++;
     }
 }
 
-/* One pass over all rows, split in nth contiguous 16-row-aligned parts; returns seconds. */
-static double pass(team *tm, gemm_job base, int rows) {
+/* One pass over all rows, split in nth contiguous 16-row-aligned parts; or, with st > 1, over st
+ * matrices (mstride apart from base.w), thread i running its contiguous share of them whole, as
+ * the model's stages hand each thread its own run of matrices; returns seconds. */
+static double pass(team *tm, gemm_job base, int rows, int st) {
     const int nth = tm->nth, ng = (rows + 15) / 16;
     for (int i = 0; i < nth; i++) {
         tm->jobs[i] = base;
+        if (st > 1) {
+            const int m0 = st * i / nth;
+            tm->jobs[i].w = (const uint8_t *)base.w + (size_t)m0 * tm->mstride;
+            tm->jobs[i].r0 = 0, tm->jobs[i].r1 = rows, tm->cnt[i] = st * (i + 1) / nth - m0;
+            continue;
+        }
+        tm->cnt[i] = 1;
         tm->jobs[i].r0 = (int)((long)ng * i / nth) * 16;
         tm->jobs[i].r1 = DT_MIN((int)((long)ng * (i + 1) / nth) * 16, rows);
     }
     const double t0 = time_now();
     tm->done = 0;
     tm->gen++;
-    gemm_job_run(&tm->jobs[0]);
+    team_run(tm, 0);
     while (tm->done < nth - 1) __builtin_ia32_pause();
     return time_now() - t0;
 }
@@ -174,6 +225,8 @@ int main(int argc, char **argv) {
     DT_ASSERT(fn[0] && fn[1]);
     static team tm;
     tm.nth = nth;
+    tm.mstride = mstride;
+    const int stage = getenv("AB_STAGE") ? DT_MAX(1, atoi(getenv("AB_STAGE"))) : 1;
     pthread_t th[16];
     for (int i = 1; i < nth; i++)
         if (pthread_create(&th[i], NULL, worker, &tm)) {
@@ -185,7 +238,9 @@ int main(int argc, char **argv) {
     const char *er = getenv("AB_ROUNDS"); /* more rounds: a steadier median */
     const int reps = (int)(2e8 / total) + 1, rounds = DT_MAX(1, DT_MIN(1000, er ? atoi(er) : total > 1e8 ? 8 : 30));
     double *ratio = xcalloc((size_t)rounds, sizeof(double)), tr_a = 0;
-    const bool with_loads = getenv("AB_LOADS") && atoi(getenv("AB_LOADS")) > 0;
+    const int loads_kind = getenv("AB_LOADS") ? atoi(getenv("AB_LOADS")) : 0;
+    const bool with_loads = loads_kind > 0;
+    const quant_gemm_fn loads_fn = loads_kind == 2 ? loads_two : loads_only;
     double *rate[3] = {xcalloc((size_t)rounds, sizeof(double)), xcalloc((size_t)rounds, sizeof(double)),
                        xcalloc((size_t)rounds, sizeof(double))}; /* GB/s per round: A, B, loads */
     float *sink = xmalloc(on * sizeof(float));
@@ -193,10 +248,10 @@ int main(int argc, char **argv) {
         for (int v = 0; v < (with_loads ? 3 : 2); v++) {
             double t = 0;
             for (int i = 0; i < reps; i++)
-                for (int m = 0; m < nmat; m++) {
-                    const gemm_job base = {v < 2 ? fn[v] : loads_only, wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt,
+                for (int m = 0; m < nmat; m += stage) {
+                    const gemm_job base = {v < 2 ? fn[v] : loads_fn, wp + (size_t)m * mstride, gb, 0, rows, k, act, ab, nt,
                                            v < 2 ? out[v] : sink, (size_t)rows};
-                    t += pass(&tm, base, rows);
+                    t += pass(&tm, base, rows, DT_MIN(stage, nmat - m));
                 }
             rate[v][r] = total * reps / t / 1e9;
             if (v == 2) continue;

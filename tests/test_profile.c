@@ -6,6 +6,7 @@
  * nothing. */
 #include <string.h>
 
+#include "cpu/cpu_quant.h"
 #include "engine.h"
 #include "test.h"
 
@@ -119,20 +120,24 @@ int main(void) {
     engine_opts_default(&o);
     CHECK(!o.cpu_loads_only && !o.unify && !o.profile, "engine_opts_default: the diagnostic and the switches off");
     o.n_threads = 2, o.max_streams = STREAMS, o.ctx = 32, o.max_rows = STREAMS * PROMPT, o.cpu_loads_only = true;
-    engine *e;
-    if (engine_create(&e, m, &o, &err)) CHECK(0, "loads-only engine: %s", err.msg);
-    else {
-        uint64_t w0, k0, w1, k1;
-        e->be->counters(e->be_state, &w0, &k0);
-        run(e, lg[1]);
-        e->be->counters(e->be_state, &w1, &k1);
-        size_t nz0 = 0, nz1 = 0;
-        for (size_t i = 0; i < nl; i++) nz0 += lg[0][i] != 0, nz1 += lg[1][i] != 0;
-        CHECK(nz1 == 0 && nz0 > 0, "loads only: %zu nonzero logits of %zu (the model's: %zu)", nz1, nl, nz0);
-        /* its routing (a hash of matrix, row and token) picks other experts than the model's */
-        CHECK(w1 - w0 > wb_model / 2, "loads only: %llu weight bytes read, the model's steps %llu",
-              (unsigned long long)(w1 - w0), (unsigned long long)wb_model);
-        engine_free(e);
+    /* in this host's stream form, then in two-l1 (its own load pattern where AVX-512 runs it) */
+    for (int f = 0; f < 2; f++) {
+        o.cpu_stream = f ? (int)CPU_STREAM_TWO_L1 : -1;
+        engine *e;
+        if (engine_create(&e, m, &o, &err)) CHECK(0, "loads-only engine: %s", err.msg);
+        else {
+            uint64_t w0, k0, w1, k1;
+            e->be->counters(e->be_state, &w0, &k0);
+            run(e, lg[1]);
+            e->be->counters(e->be_state, &w1, &k1);
+            size_t nz0 = 0, nz1 = 0;
+            for (size_t i = 0; i < nl; i++) nz0 += lg[0][i] != 0, nz1 += lg[1][i] != 0;
+            CHECK(nz1 == 0 && nz0 > 0, "loads only (form %d): %zu nonzero logits of %zu (the model's: %zu)", f, nz1, nl, nz0);
+            /* its routing (a hash of matrix, row and token) picks other experts than the model's */
+            CHECK(w1 - w0 > wb_model / 2, "loads only: %llu weight bytes read, the model's steps %llu",
+                  (unsigned long long)(w1 - w0), (unsigned long long)wb_model);
+            engine_free(e);
+        }
     }
     free(lg[0]);
     free(lg[1]);

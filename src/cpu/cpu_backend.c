@@ -818,7 +818,8 @@ static void act_range(const cpu_state *st, act_set *a, const float *src, int r, 
 
 /* ---- diagnostic: loads only (backend_opts.cpu_loads_only) ----------------------------------
  * Every gemm call reads its weight bytes as the probe's first pattern does (one ascending stream
- * of 256-bit loads, no software prefetch) and computes nothing: the step's structure (its stages,
+ * of 256-bit loads, no software prefetch; on a two-l1 host the repacked calls in that form's
+ * pattern, loads_only_rp_two) and computes nothing: the step's structure (its stages,
  * barriers, claims, small stages and jumps between matrices) at no kernel cost. Outputs are zero,
  * but a row-major (f32 router) call's are a hash of (matrix, row, token), so routing still picks
  * scattered experts, as real activations do (zeros would pick experts 0..7, one contiguous run). */
@@ -835,6 +836,32 @@ static void loads_only_rp(const void *w, size_t gb, int r0, int r1, int k, const
     (void)k, (void)act, (void)ab, (void)nx;
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS;
     loads_only((const uint8_t *)w + (size_t)g0 * gb, (size_t)(g1 - g0) * gb);
+    for (int t = 0; t < n_tok; t++) memset(out + (size_t)t * os + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+}
+/* loads_only_rp in the two-l1 form's pattern (cpu/prefetch.h): the call's groups in two halves
+ * read in lockstep a block at a time, each line requested CPU_PF2_DIST ahead into L1, as the
+ * one-token kernels stream on a host whose form it is. */
+__attribute__((target("avx2"))) static void loads_only_rp_two(const void *w, size_t gb, int r0, int r1, int k,
+                                                              const void *act, size_t ab, int n_tok, float *out,
+                                                              size_t os, const struct cpu_next *nx) {
+    (void)act, (void)ab, (void)nx;
+    const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS, h = (g1 - g0) / 2;
+    const size_t blk = k % QK_K ? 2048 : gb / (size_t)(k / QK_K);
+    const uint8_t *const p0 = (const uint8_t *)w + (size_t)g0 * gb, *const p1 = p0 + (size_t)h * gb;
+    const size_t half = (size_t)h * gb;
+    __m256i a = _mm256_setzero_si256(), b = a;
+    for (size_t c = 0; c < half; c += blk)
+        for (int s = 0; s < 2; s++) {
+            const uint8_t *q = (s ? p1 : p0) + c;
+            for (size_t o = 0; o + 64 <= DT_MIN(blk, half - c); o += 64) {
+                _mm_prefetch((const char *)q + o + CPU_PF2_DIST, _MM_HINT_T0);
+                a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(q + o)));
+                b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(q + o + 32)));
+            }
+        }
+    __asm__ volatile("" : : "x"(a), "x"(b));
+    const uint8_t *q = (const uint8_t *)w + (size_t)(g0 + 2 * h) * gb;
+    loads_only(q, (size_t)((const uint8_t *)w + (size_t)g1 * gb - q));
     for (int t = 0; t < n_tok; t++) memset(out + (size_t)t * os + r0, 0, sizeof(float) * (size_t)(r1 - r0));
 }
 static void loads_only_rm(const void *w, size_t rb, int r0, int r1, int k, const void *act, size_t ab, int n_tok,
@@ -1253,7 +1280,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     }
     if (o->cpu_loads_only)
         for (uint32_t t = 0; t < QT_COUNT; t++) {
-            if (st->gemm_rp[t]) st->gemm_rp[t] = loads_only_rp;
+            if (st->gemm_rp[t]) st->gemm_rp[t] = st->stream == CPU_STREAM_TWO_L1 ? loads_only_rp_two : loads_only_rp;
             if (st->gemm[t]) st->gemm[t] = loads_only_rm;
         }
     snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s%s", cpu_level_name(st->level),
