@@ -13,6 +13,7 @@ void engine_opts_default(engine_opts *o) {
     o->cpu_stream = -1;
     o->cpu_ahead = -1;
     o->cpu_one_job = -1;
+    o->cpu_claim_runs = -1;
 }
 
 int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) {
@@ -37,6 +38,7 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
                              .cpu_stream = o->cpu_stream,
                              .cpu_ahead = o->cpu_ahead,
                              .cpu_one_job = o->cpu_one_job,
+                             .cpu_claim_runs = o->cpu_claim_runs,
                              .profile = o->profile,
                              .cpu_loads_only = o->cpu_loads_only};
     if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {

@@ -174,6 +174,19 @@ int main(void) {
     CHECK(first == LCAP && last_own == 1 && next == LSEG, "lone thread own runs: first %d, last %d, own end %d", first,
           last_own, next);
     CHECK(order_ok, "lone thread: runs out of order or of the wrong size");
+
+    /* a run cap set before the reset (engine option cpu_claim_runs): 1 / runs of the segment */
+    const int run_caps[] = {1, 3, 256};
+    for (int i = 0; i < 3; i++) {
+        c.runs = run_caps[i];
+        claim_reset(&c, LT);
+        const int cap = (LSEG + c.runs - 1) / c.runs;
+        CHECK(claim_next(&c, 0, &a, &b, &own) && own && a == 0 && b - a == DT_MIN(cap, LSEG / 2),
+              "runs %d: first own run [%d, %d), cap %d", c.runs, a, b, cap);
+        handed = b - a;
+        while (claim_next(&c, 0, &a, &b, &own)) handed += b - a;
+        CHECK(handed == LT, "runs %d: %d of %d units handed out", c.runs, handed, LT);
+    }
     claim_free(&c);
 
     /* one thread never shows up: the others take all of its segment, by stealing */

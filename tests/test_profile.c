@@ -139,6 +139,17 @@ int main(void) {
             engine_free(e);
         }
     }
+    /* the claimed-run cap (ditto bench --claim-runs-ab): out of range is refused by name */
+    o.cpu_loads_only = false, o.cpu_stream = -1;
+    const int bad_runs[] = {0, -2, 1025};
+    for (int i = 0; i < 3; i++) {
+        o.cpu_claim_runs = bad_runs[i];
+        engine *e = NULL;
+        const int rc = engine_create(&e, m, &o, &err);
+        CHECK(rc != 0 && strstr(err.msg, "claim runs"), "cpu_claim_runs %d refused (rc %d: %s)", bad_runs[i], rc,
+              rc ? err.msg : "");
+        if (!rc) engine_free(e);
+    }
     free(lg[0]);
     free(lg[1]);
     model_free(m);

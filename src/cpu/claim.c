@@ -5,13 +5,14 @@
 
 #include "common.h"
 
-static int claim_cap(int seg_units) { return DT_MAX(1, (seg_units + CLAIM_RUNS - 1) / CLAIM_RUNS); }
+static int claim_cap(const claim_set *c, int seg_units) { return DT_MAX(1, (seg_units + c->runs - 1) / c->runs); }
 
 void claim_init(claim_set *c, int n) {
     DT_ASSERT(n >= 1);
     c->seg = aligned_alloc(64, sizeof(claim_seg) * (size_t)n);
     DT_ASSERT(c->seg);
     c->n = n;
+    c->runs = CLAIM_RUNS;
     claim_reset(c, 0);
 }
 
@@ -22,11 +23,11 @@ void claim_free(claim_set *c) {
 }
 
 void claim_reset(claim_set *c, int total) {
-    DT_ASSERT(total >= 0);
+    DT_ASSERT(total >= 0 && c->runs >= 1);
     for (int i = 0; i < c->n; i++) {
         const int f = claim_cut(total, c->n, i), b = claim_cut(total, c->n, i + 1);
         c->seg[i].end = b;
-        atomic_store_explicit(&c->seg[i].cap, claim_cap(b - f), memory_order_relaxed);
+        atomic_store_explicit(&c->seg[i].cap, claim_cap(c, b - f), memory_order_relaxed);
         atomic_store_explicit(&c->seg[i].fb, (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)b << 32, memory_order_relaxed);
     }
 }
@@ -35,7 +36,7 @@ void claim_reset_own(claim_set *c, int total, int ith) {
     DT_ASSERT(total >= 0 && ith >= 0 && ith < c->n);
     const int f = claim_cut(total, c->n, ith), b = claim_cut(total, c->n, ith + 1);
     c->seg[ith].end = b;
-    atomic_store_explicit(&c->seg[ith].cap, claim_cap(b - f), memory_order_relaxed);
+    atomic_store_explicit(&c->seg[ith].cap, claim_cap(c, b - f), memory_order_relaxed);
     atomic_store_explicit(&c->seg[ith].fb, (uint64_t)(uint32_t)f | (uint64_t)(uint32_t)b << 32, memory_order_relaxed);
 }
 

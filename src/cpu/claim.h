@@ -34,6 +34,7 @@ _Static_assert(sizeof(claim_seg) == 64, "claim_seg: one cache line");
 typedef struct claim_set {
     claim_seg *seg; /* [n] */
     int n;
+    int runs; /* a run takes at most 1 / runs of its segment: CLAIM_RUNS unless set before a reset */
 } claim_set;
 
 /* n >= 1 threads; claim_free releases. */

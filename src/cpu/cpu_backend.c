@@ -1250,6 +1250,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
     if (o->cpu_stream >= CPU_STREAM_COUNT)
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
+    if (o->cpu_claim_runs < -1 || o->cpu_claim_runs == 0 || o->cpu_claim_runs > 1024)
+        return err_set(err, "cpu claim runs = %d (must be -1 or 1..1024)", o->cpu_claim_runs);
     if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
     if (o->cpu_loads_only && cpu_level_hw() < CPU_AVX2) return err_set(err, "cpu loads-only diagnostic needs AVX2");
@@ -1353,6 +1355,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->rmsnorm = vec_rmsnorm_select(st->level);
     st->pool = pool_create(st->nth);
     claim_init(&st->claim, st->nth);
+    if (o->cpu_claim_runs > 0) st->claim.runs = o->cpu_claim_runs;
     st->prep = cpu_prepared_get(m, st->pool);
     *state = st;
     return 0;
