@@ -29,6 +29,7 @@
 #include <sys/mman.h>
 
 #include "common.h"
+#include "cpu/prefetch.h"
 #include "cpu/repack.h"
 #include "gemm_job.h"
 #include "quant.h"
@@ -67,27 +68,20 @@ __attribute__((target("avx512f"))) static void loads_two(const void *w, size_t g
                                                          const void *act, size_t ab, int nt, float *out, size_t os) {
     (void)act, (void)ab, (void)nt, (void)out, (void)os;
     const int g0 = r0 / 16, g1 = (r1 + 15) / 16, h = (g1 - g0) / 2;
-    const size_t blk = gb / (size_t)(k / QK_K);
-    const uint8_t *base = (const uint8_t *)w;
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0;
-    const uint8_t *p[2] = {base + (size_t)g0 * gb, base + (size_t)(g0 + h) * gb};
-    const uint8_t *const e0 = p[1];
-    while (p[0] < e0) {
-        for (int s = 0; s < 2; s++) {
-            for (size_t o = 0; o < blk; o += 64) {
-                _mm_prefetch((const char *)p[s] + o + 4096, _MM_HINT_T0);
-                const __m512i v = _mm512_load_si512((const void *)(p[s] + o));
-                if (s) a1 = _mm512_xor_si512(a1, v);
-                else a0 = _mm512_xor_si512(a0, v);
+    const size_t blk = gb / (size_t)(k / QK_K), half = (size_t)h * gb;
+    const uint8_t *const base = (const uint8_t *)w, *const p[2] = {base + (size_t)g0 * gb, base + (size_t)g0 * gb + half};
+    __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (size_t c = 0; c < half; c += blk)
+        for (int s = 0; s < 2; s++)
+            for (size_t o = c; o < DT_MIN(c + blk, half); o += 64) {
+                _mm_prefetch((const char *)p[s] + o + CPU_PF2_DIST, _MM_HINT_T0);
+                a[s] = _mm512_xor_si512(a[s], _mm512_load_si512((const void *)(p[s] + o)));
             }
-            p[s] += blk;
-        }
+    for (const uint8_t *q = p[1] + half, *e = base + (size_t)g1 * gb; q < e; q += 64) {
+        _mm_prefetch((const char *)q + CPU_PF2_DIST, _MM_HINT_T0);
+        a[0] = _mm512_xor_si512(a[0], _mm512_load_si512((const void *)q));
     }
-    for (const uint8_t *q = base + (size_t)(g0 + 2 * h) * gb, *e = base + (size_t)g1 * gb; q < e; q += 64) {
-        _mm_prefetch((const char *)q + 4096, _MM_HINT_T0);
-        a0 = _mm512_xor_si512(a0, _mm512_load_si512((const void *)q));
-    }
-    loads_sink = (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(_mm512_xor_si512(a0, a1)));
+    loads_sink = (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(_mm512_xor_si512(a[0], a[1])));
 }
 
 static double med(double *v, int n) { /* sorts v (insertion sort: rounds are few) */
