@@ -60,16 +60,18 @@ __attribute__((target("avx2"))) static void loads_only(const void *w, size_t gb,
     loads_sink = (uint64_t)_mm256_extract_epi64(_mm256_xor_si256(a0, a1), 0);
 }
 
-/* loads_only in the two-l1 stream form's request pattern (cpu/prefetch.h, CPU_STREAM_TWO_L1):
- * the rows' groups in two halves read in lockstep, a block's bytes (gb / (k / 256)) at a time
- * from each, 512-bit loads, each line requested CPU_PF2_DIST ahead into L1 — the kernel's own
- * stream without its compute (AB_LOADS=2). */
+/* loads_only in the two-l1 stream form's request pattern (cpu/prefetch.h, CPU_STREAM_TWO_L1),
+ * the engine's loads-only form on such a host (cpu_backend.c, loads_only_rp_two) with 512-bit
+ * loads as the kernels': the rows' groups in two halves read in lockstep, about a 256-weight
+ * block's bytes at a time (rounded down to whole lines), each line requested CPU_PF2_DIST ahead
+ * into L1; an odd last group after them. Every byte once (gb is a whole number of lines). */
 __attribute__((target("avx512f"))) static void loads_two(const void *w, size_t gb, int r0, int r1, int k,
                                                          const void *act, size_t ab, int nt, float *out, size_t os) {
     (void)act, (void)ab, (void)nt, (void)out, (void)os;
     const int g0 = r0 / 16, g1 = (r1 + 15) / 16, h = (g1 - g0) / 2;
-    const size_t blk = gb / (size_t)(k / QK_K), half = (size_t)h * gb;
-    const uint8_t *const base = (const uint8_t *)w, *const p[2] = {base + (size_t)g0 * gb, base + (size_t)g0 * gb + half};
+    const size_t nb = k >= QK_K ? (size_t)(k / QK_K) : 1, blk = DT_MAX((size_t)64, (gb / nb) & ~(size_t)63);
+    const size_t half = (size_t)h * gb, tail = (size_t)(g1 - g0 - 2 * h) * gb;
+    const uint8_t *const p[3] = {(const uint8_t *)w + (size_t)g0 * gb, p[0] + half, p[1] + half};
     __m512i a[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     for (size_t c = 0; c < half; c += blk)
         for (int s = 0; s < 2; s++)
@@ -77,9 +79,9 @@ __attribute__((target("avx512f"))) static void loads_two(const void *w, size_t g
                 _mm_prefetch((const char *)p[s] + o + CPU_PF2_DIST, _MM_HINT_T0);
                 a[s] = _mm512_xor_si512(a[s], _mm512_load_si512((const void *)(p[s] + o)));
             }
-    for (const uint8_t *q = p[1] + half, *e = base + (size_t)g1 * gb; q < e; q += 64) {
-        _mm_prefetch((const char *)q + CPU_PF2_DIST, _MM_HINT_T0);
-        a[0] = _mm512_xor_si512(a[0], _mm512_load_si512((const void *)q));
+    for (size_t o = 0; o < tail; o += 64) {
+        _mm_prefetch((const char *)p[2] + o + CPU_PF2_DIST, _MM_HINT_T0);
+        a[0] = _mm512_xor_si512(a[0], _mm512_load_si512((const void *)(p[2] + o)));
     }
     loads_sink = (uint64_t)_mm_cvtsi128_si64(_mm512_castsi512_si128(_mm512_xor_si512(a[0], a[1])));
 }
@@ -128,7 +130,8 @@ static void *worker(void *p) {
 
 /* One pass over all rows, split in nth contiguous 16-row-aligned parts; or, with st > 1, over st
  * matrices (mstride apart from base.w), thread i running its contiguous share of them whole, as
- * the model's stages hand each thread its own run of matrices; returns seconds. */
+ * the model's stages hand each thread its own run of matrices (all writing the same out rows, the
+ * same values: only the timing counts; with st < nth some threads get none); returns seconds. */
 static double pass(team *tm, gemm_job base, int rows, int st) {
     const int nth = tm->nth, ng = (rows + 15) / 16;
     for (int i = 0; i < nth; i++) {
@@ -233,6 +236,10 @@ int main(int argc, char **argv) {
     const int reps = (int)(2e8 / total) + 1, rounds = DT_MAX(1, DT_MIN(1000, er ? atoi(er) : total > 1e8 ? 8 : 30));
     double *ratio = xcalloc((size_t)rounds, sizeof(double)), tr_a = 0;
     const int loads_kind = getenv("AB_LOADS") ? atoi(getenv("AB_LOADS")) : 0;
+    if (loads_kind < 0 || loads_kind > 2) {
+        fprintf(stderr, "ab_kernel: AB_LOADS must be 0, 1 (plain loads) or 2 (the two-l1 pattern), not %d\n", loads_kind);
+        return 2;
+    }
     const bool with_loads = loads_kind > 0;
     const quant_gemm_fn loads_fn = loads_kind == 2 ? loads_two : loads_only;
     double *rate[3] = {xcalloc((size_t)rounds, sizeof(double)), xcalloc((size_t)rounds, sizeof(double)),

@@ -19,7 +19,8 @@
 # AB_LOADS=1 adds plain loads of the same bytes to every round and prints A and B against them beside the
 # slower and the faster half of those loads' rounds (how much of the stream each kernel turns into speed).
 # AB_LOADS=2 makes those loads the two-l1 form's pattern (two lockstep halves, 512-bit loads, each line requested 4 KiB ahead into L1).
-# AB_STAGE=S runs NMAT matrices S at a time, each thread its own contiguous run of them whole, one barrier per S.
+# AB_STAGE=S runs NMAT matrices S at a time, each thread its own contiguous run of them whole, one barrier per S
+# (S below THREADS leaves threads idle).
 # AB_FORM_A / AB_FORM_B = near-far | two-l1 | plain | touch (revisions from b254c1f on) pick each side's one-token stream form (cpu/prefetch.h; at
 # AVX2 plain or the requests), e.g.
 # AB_FORM_B=two-l1 bench/ab_kernel.sh WORK WORK 400000 1 q4_k 2; a revision from before the forms has one (near-far).

@@ -850,8 +850,8 @@ static int one_job_run(model *m, const engine_opts *base, int b_on, bench_probe 
 }
 
 /* --claim-runs-ab R: the run's claimed-run cap (CLAIM_RUNS, cpu/claim.h) against runs of at most
- * 1 / R of a thread's segment: fewer, longer kernel calls (each a stream start) against finer
- * stealing at a stage's end. */
+ * 1 / R of a thread's segment: the trade between longer kernel calls (fewer stream starts) and
+ * finer stealing at a stage's end, either way. */
 static int claim_runs_run(model *m, const engine_opts *base, int runs, bench_probe *probe, int plen, int n, int place,
                           ditto_err *err) {
     engine_opts vb = *base;
@@ -910,7 +910,7 @@ int bench_cmd(int argc, char **argv) {
         } else if (!strcmp(a, "--one-job-ab") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
         } else if (!strcmp(a, "--claim-runs-ab") && has) {
-            if (cli_int("bench", a, argv[++i], 1, 1024, &claim_runs_ab)) return 2;
+            if (cli_int("bench", a, argv[++i], 1, CLAIM_RUNS_MAX, &claim_runs_ab)) return 2;
         } else if (!strcmp(a, "--form-ab") && has) {
             if ((form_ab = cpu_stream_parse(argv[++i])) < 0) {
                 fprintf(stderr, "ditto bench: --form-ab expects one of");

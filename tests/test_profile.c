@@ -6,6 +6,7 @@
  * nothing. */
 #include <string.h>
 
+#include "cpu/claim.h"
 #include "cpu/cpu_quant.h"
 #include "engine.h"
 #include "test.h"
@@ -134,13 +135,26 @@ int main(void) {
             for (size_t i = 0; i < nl; i++) nz0 += lg[0][i] != 0, nz1 += lg[1][i] != 0;
             CHECK(nz1 == 0 && nz0 > 0, "loads only (form %d): %zu nonzero logits of %zu (the model's: %zu)", f, nz1, nl, nz0);
             /* its routing (a hash of matrix, row and token) picks other experts than the model's */
-            CHECK(w1 - w0 > wb_model / 2, "loads only: %llu weight bytes read, the model's steps %llu",
+            CHECK(w1 - w0 > wb_model / 2, "loads only (form %d): %llu weight bytes read, the model's steps %llu", f,
                   (unsigned long long)(w1 - w0), (unsigned long long)wb_model);
             engine_free(e);
         }
     }
-    /* the claimed-run cap (ditto bench --claim-runs-ab): out of range is refused by name */
+    /* the claimed-run cap (ditto bench --claim-runs-ab): any in range gives the same logits (which
+     * thread computes a row never changes its bits); out of range is refused by name */
     o.cpu_loads_only = false, o.cpu_stream = -1;
+    const int good_runs[] = {1, CLAIM_RUNS_MAX};
+    for (int i = 0; i < 2; i++) {
+        o.cpu_claim_runs = good_runs[i];
+        engine *e = NULL;
+        if (engine_create(&e, m, &o, &err)) {
+            CHECK(0, "cpu_claim_runs %d: %s", good_runs[i], err.msg);
+            continue;
+        }
+        run(e, lg[1]);
+        CHECK(memcmp(lg[0], lg[1], sizeof(float) * nl) == 0, "cpu_claim_runs %d: logits bitwise equal", good_runs[i]);
+        engine_free(e);
+    }
     const int bad_runs[] = {0, -2, 1025};
     for (int i = 0; i < 3; i++) {
         o.cpu_claim_runs = bad_runs[i];

@@ -5,7 +5,10 @@
 
 #include "common.h"
 
-static int claim_cap(const claim_set *c, int seg_units) { return DT_MAX(1, (seg_units + c->runs - 1) / c->runs); }
+static int claim_cap(const claim_set *c, int seg_units) {
+    DT_ASSERT(c->runs >= 1);
+    return DT_MAX(1, (seg_units + c->runs - 1) / c->runs);
+}
 
 void claim_init(claim_set *c, int n) {
     DT_ASSERT(n >= 1);
@@ -23,7 +26,7 @@ void claim_free(claim_set *c) {
 }
 
 void claim_reset(claim_set *c, int total) {
-    DT_ASSERT(total >= 0 && c->runs >= 1);
+    DT_ASSERT(total >= 0);
     for (int i = 0; i < c->n; i++) {
         const int f = claim_cut(total, c->n, i), b = claim_cut(total, c->n, i + 1);
         c->seg[i].end = b;

@@ -1,7 +1,7 @@
 /* claim.h — a stage's work units [0, total) handed out over n threads: one contiguous
  * segment per thread, claimed from its front, half of what is left each time but at most an
- * eighth of the segment (CLAIM_RUNS); a thread whose segment is empty steals the back half of
- * what is left in the fullest segment, under the same cap.
+ * eighth of the segment (CLAIM_RUNS, the default of claim_set.runs); a thread whose segment is
+ * empty steals the back half of what is left in the fullest segment, under the same cap.
  *
  * Why this shape (bench/cpu-speed.md, fifth session): the threads' weight streams stay a
  * segment apart (this machine reads nearby streams slower), a thread slowed by the memory
@@ -20,6 +20,7 @@
  * many tokens) left the other threads idle at a stage's end: on 16 threads the expert stages of
  * a prefill spent a third of their time between the first thread done and the last. */
 #define CLAIM_RUNS 8
+#define CLAIM_RUNS_MAX 1024 /* the largest claim_set.runs an option may set (engine option cpu_claim_runs) */
 
 /* One segment: its unclaimed [front, back) packed as front | back << 32 (one CAS claims
  * from either end), its initial back and its run cap; a cache line each. */
@@ -34,7 +35,7 @@ _Static_assert(sizeof(claim_seg) == 64, "claim_seg: one cache line");
 typedef struct claim_set {
     claim_seg *seg; /* [n] */
     int n;
-    int runs; /* a run takes at most 1 / runs of its segment: CLAIM_RUNS unless set before a reset */
+    int runs; /* a run takes at most 1 / runs of its segment (1..CLAIM_RUNS_MAX): CLAIM_RUNS unless set before a reset */
 } claim_set;
 
 /* n >= 1 threads; claim_free releases. */

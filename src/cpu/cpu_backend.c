@@ -818,8 +818,8 @@ static void act_range(const cpu_state *st, act_set *a, const float *src, int r, 
 
 /* ---- diagnostic: loads only (backend_opts.cpu_loads_only) ----------------------------------
  * Every gemm call reads its weight bytes as the probe's first pattern does (one ascending stream
- * of 256-bit loads, no software prefetch; on a two-l1 host the repacked calls in that form's
- * pattern, loads_only_rp_two) and computes nothing: the step's structure (its stages,
+ * of 256-bit loads, no software prefetch; on a two-l1 host the repacked one-token calls in that
+ * form's pattern, loads_only_rp_two) and computes nothing: the step's structure (its stages,
  * barriers, claims, small stages and jumps between matrices) at no kernel cost. Outputs are zero,
  * but a row-major (f32 router) call's are a hash of (matrix, row, token), so routing still picks
  * scattered experts, as real activations do (zeros would pick experts 0..7, one contiguous run). */
@@ -838,30 +838,39 @@ static void loads_only_rp(const void *w, size_t gb, int r0, int r1, int k, const
     loads_only((const uint8_t *)w + (size_t)g0 * gb, (size_t)(g1 - g0) * gb);
     for (int t = 0; t < n_tok; t++) memset(out + (size_t)t * os + r0, 0, sizeof(float) * (size_t)(r1 - r0));
 }
-/* loads_only_rp in the two-l1 form's pattern (cpu/prefetch.h): the call's groups in two halves
- * read in lockstep a block at a time, each line requested CPU_PF2_DIST ahead into L1, as the
- * one-token kernels stream on a host whose form it is. */
+/* loads_only_rp in the two-l1 form's pattern (cpu/prefetch.h), as the one-token kernels stream on
+ * a host whose form it is: the call's groups in two halves read in lockstep, about a 256-weight
+ * block's bytes at a time (rounded down to whole lines: a Q6_K group's header makes gb / nb
+ * uneven), each line requested CPU_PF2_DIST ahead into L1; an odd last group after them, alone,
+ * the same way. Every byte of the call's groups is loaded once (gb is a whole number of lines);
+ * the requests, unlike the kernels', run past the call's end instead of into its continuation.
+ * Calls of more than one token stream as loads_only_rp (their kernels use near-far requests). */
 __attribute__((target("avx2"))) static void loads_only_rp_two(const void *w, size_t gb, int r0, int r1, int k,
                                                               const void *act, size_t ab, int n_tok, float *out,
                                                               size_t os, const struct cpu_next *nx) {
-    (void)act, (void)ab, (void)nx;
+    if (n_tok != 1) {
+        loads_only_rp(w, gb, r0, r1, k, act, ab, n_tok, out, os, nx);
+        return;
+    }
+    DT_ASSERT(gb % 64 == 0);
     const int g0 = r0 / REPACK_ROWS, g1 = (r1 + REPACK_ROWS - 1) / REPACK_ROWS, h = (g1 - g0) / 2;
-    const size_t blk = k % QK_K ? 2048 : gb / (size_t)(k / QK_K);
-    const uint8_t *const p0 = (const uint8_t *)w + (size_t)g0 * gb, *const p1 = p0 + (size_t)h * gb;
-    const size_t half = (size_t)h * gb;
+    const size_t nb = k >= QK_K ? (size_t)(k / QK_K) : 1, blk = DT_MAX((size_t)64, (gb / nb) & ~(size_t)63);
+    const size_t half = (size_t)h * gb, tail = (size_t)(g1 - g0 - 2 * h) * gb;
+    const uint8_t *const p[3] = {(const uint8_t *)w + (size_t)g0 * gb, p[0] + half, p[1] + half};
     __m256i a = _mm256_setzero_si256(), b = a;
     for (size_t c = 0; c < half; c += blk)
-        for (int s = 0; s < 2; s++) {
-            const uint8_t *q = (s ? p1 : p0) + c;
-            for (size_t o = 0; o + 64 <= DT_MIN(blk, half - c); o += 64) {
-                _mm_prefetch((const char *)q + o + CPU_PF2_DIST, _MM_HINT_T0);
-                a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(q + o)));
-                b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(q + o + 32)));
+        for (int s = 0; s < 2; s++)
+            for (size_t o = c; o < DT_MIN(c + blk, half); o += 64) {
+                _mm_prefetch((const char *)p[s] + o + CPU_PF2_DIST, _MM_HINT_T0);
+                a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(p[s] + o)));
+                b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(p[s] + o + 32)));
             }
-        }
+    for (size_t o = 0; o < tail; o += 64) {
+        _mm_prefetch((const char *)p[2] + o + CPU_PF2_DIST, _MM_HINT_T0);
+        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(p[2] + o)));
+        b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(p[2] + o + 32)));
+    }
     __asm__ volatile("" : : "x"(a), "x"(b));
-    const uint8_t *q = (const uint8_t *)w + (size_t)(g0 + 2 * h) * gb;
-    loads_only(q, (size_t)((const uint8_t *)w + (size_t)g1 * gb - q));
     for (int t = 0; t < n_tok; t++) memset(out + (size_t)t * os + r0, 0, sizeof(float) * (size_t)(r1 - r0));
 }
 static void loads_only_rm(const void *w, size_t rb, int r0, int r1, int k, const void *act, size_t ab, int n_tok,
@@ -1250,8 +1259,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
     if (o->cpu_stream >= CPU_STREAM_COUNT)
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
-    if (o->cpu_claim_runs < -1 || o->cpu_claim_runs == 0 || o->cpu_claim_runs > 1024)
-        return err_set(err, "cpu claim runs = %d (must be -1 or 1..1024)", o->cpu_claim_runs);
+    if (o->cpu_claim_runs < -1 || o->cpu_claim_runs == 0 || o->cpu_claim_runs > CLAIM_RUNS_MAX)
+        return err_set(err, "cpu claim runs = %d (must be -1 or 1..%d)", o->cpu_claim_runs, CLAIM_RUNS_MAX);
     if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
     if (o->cpu_loads_only && cpu_level_hw() < CPU_AVX2) return err_set(err, "cpu loads-only diagnostic needs AVX2");
