@@ -845,6 +845,12 @@ static void loads_only_rp(const void *w, size_t gb, int r0, int r1, int k, const
  * the same way. Every byte of the call's groups is loaded once (gb is a whole number of lines);
  * the requests, unlike the kernels', run past the call's end instead of into its continuation.
  * Calls of more than one token stream as loads_only_rp (their kernels use near-far requests). */
+/* One line of loads_only_rp_two: requested CPU_PF2_DIST ahead into L1, loaded into a and b. */
+__attribute__((target("avx2"))) static inline void loads_l1_line(const uint8_t *q, __m256i *a, __m256i *b) {
+    _mm_prefetch((const char *)q + CPU_PF2_DIST, _MM_HINT_T0);
+    *a = _mm256_xor_si256(*a, _mm256_loadu_si256((const __m256i *)(const void *)q));
+    *b = _mm256_xor_si256(*b, _mm256_loadu_si256((const __m256i *)(const void *)(q + 32)));
+}
 __attribute__((target("avx2"))) static void loads_only_rp_two(const void *w, size_t gb, int r0, int r1, int k,
                                                               const void *act, size_t ab, int n_tok, float *out,
                                                               size_t os, const struct cpu_next *nx) {
@@ -860,18 +866,10 @@ __attribute__((target("avx2"))) static void loads_only_rp_two(const void *w, siz
     __m256i a = _mm256_setzero_si256(), b = a;
     for (size_t c = 0; c < half; c += blk)
         for (int s = 0; s < 2; s++)
-            for (size_t o = c; o < DT_MIN(c + blk, half); o += 64) {
-                _mm_prefetch((const char *)p[s] + o + CPU_PF2_DIST, _MM_HINT_T0);
-                a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(p[s] + o)));
-                b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(p[s] + o + 32)));
-            }
-    for (size_t o = 0; o < tail; o += 64) {
-        _mm_prefetch((const char *)p[2] + o + CPU_PF2_DIST, _MM_HINT_T0);
-        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(const void *)(p[2] + o)));
-        b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(const void *)(p[2] + o + 32)));
-    }
+            for (size_t o = c; o < DT_MIN(c + blk, half); o += 64) loads_l1_line(p[s] + o, &a, &b);
+    for (size_t o = 0; o < tail; o += 64) loads_l1_line(p[2] + o, &a, &b);
     __asm__ volatile("" : : "x"(a), "x"(b));
-    for (int t = 0; t < n_tok; t++) memset(out + (size_t)t * os + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+    memset(out + r0, 0, sizeof(float) * (size_t)(r1 - r0));
 }
 static void loads_only_rm(const void *w, size_t rb, int r0, int r1, int k, const void *act, size_t ab, int n_tok,
                           float *out, size_t os) {
