@@ -27,6 +27,7 @@ typedef struct backend_opts {
     long cpu_ahead; /* bytes of the next gemm stage a waiting CPU thread requests: -1 = CPU_AHEAD_BYTES */
     int cpu_one_job; /* a solo step as one pool job (cpu_backend.c, solo_task) where it fits: 1 on, 0 off, -1 host default */
     int cpu_claim_runs; /* a claimed run's cap, 1 / runs of a thread's segment: -1 = CLAIM_RUNS (cpu/claim.h) */
+    int cpu_float_form; /* the float kernels' one-token form (the f32 router): -1 = cpu_stream's (enum cpu_stream otherwise) */
     bool profile;   /* time every stage of the step (see backend_ops.profile) */
     bool cpu_loads_only; /* diagnostic (ditto bench --loads-only-ab): every gemm call only loads its weight
                           * bytes and writes made-up outputs; the results are not the model's */

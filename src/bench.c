@@ -862,6 +862,17 @@ static int claim_runs_run(model *m, const engine_opts *base, int runs, bench_pro
     return opts_ab_run(m, base, &vb, "claimed runs", a, b, true, probe, plen, n, place, err);
 }
 
+/* --float-form-ab F: the run's float kernels' one-token form (this host's stream form unless
+ * given) against form F: how the f32 router's rows are streamed, the rest of the step alike. */
+static int float_form_run(model *m, const engine_opts *base, int f, bench_probe *probe, int plen, int n, int place,
+                          ditto_err *err) {
+    engine_opts vb = *base;
+    vb.cpu_float_form = f;
+    char b[48];
+    snprintf(b, sizeof b, "in %s", cpu_stream_name((enum cpu_stream)f));
+    return opts_ab_run(m, base, &vb, "float kernels' form", "in this host's form", b, true, probe, plen, n, place, err);
+}
+
 /* --loads-only-ab: the run's solo steps against the same steps whose gemm calls only load their
  * weight bytes (backend_opts.cpu_loads_only): B's share of the best pattern is what the step's
  * structure alone allows (its stages, barriers, small stages and jumps between matrices), and
@@ -879,7 +890,8 @@ int bench_cmd(int argc, char **argv) {
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
     bool loads_only_ab = false, loads_only = false;
-    int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1, claim_runs_ab = -1;
+    int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1, claim_runs_ab = -1,
+        float_form_ab = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -911,9 +923,10 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
         } else if (!strcmp(a, "--claim-runs-ab") && has) {
             if (cli_int("bench", a, argv[++i], 1, CLAIM_RUNS_MAX, &claim_runs_ab)) return 2;
-        } else if (!strcmp(a, "--form-ab") && has) {
-            if ((form_ab = cpu_stream_parse(argv[++i])) < 0) {
-                fprintf(stderr, "ditto bench: --form-ab expects one of");
+        } else if ((!strcmp(a, "--form-ab") || !strcmp(a, "--float-form-ab")) && has) {
+            int *dst = a[2] == 'f' && a[3] == 'l' ? &float_form_ab : &form_ab;
+            if ((*dst = cpu_stream_parse(argv[++i])) < 0) {
+                fprintf(stderr, "ditto bench: %s expects one of", a);
                 for (int f = 0; f < CPU_STREAM_COUNT; f++) fprintf(stderr, " %s", cpu_stream_name((enum cpu_stream)f));
                 fprintf(stderr, "\n");
                 return 2;
@@ -927,7 +940,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
             return 2;
         }
     }
@@ -1121,6 +1134,8 @@ int bench_cmd(int argc, char **argv) {
     if (paired && form_ab >= 0 && form_run(m, &o, form_ab, probe, plen, paired, place, &err) < 0) goto fail;
     if (paired && loads_only_ab && loads_only_run(m, &o, probe, plen, paired, place, &err) < 0) goto fail;
     if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, probe, plen, paired, place, &err) < 0) goto fail;
+    if (paired && float_form_ab >= 0 && float_form_run(m, &o, float_form_ab, probe, plen, paired, place, &err) < 0)
+        goto fail;
     if (paired && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, probe, plen, paired, place, &err) < 0)
         goto fail;
     bench_probe_free(probe);

@@ -14,6 +14,7 @@ void engine_opts_default(engine_opts *o) {
     o->cpu_ahead = -1;
     o->cpu_one_job = -1;
     o->cpu_claim_runs = -1;
+    o->cpu_float_form = -1;
 }
 
 int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) {
@@ -39,6 +40,7 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
                              .cpu_ahead = o->cpu_ahead,
                              .cpu_one_job = o->cpu_one_job,
                              .cpu_claim_runs = o->cpu_claim_runs,
+                             .cpu_float_form = o->cpu_float_form,
                              .profile = o->profile,
                              .cpu_loads_only = o->cpu_loads_only};
     if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {

@@ -19,6 +19,7 @@ typedef struct engine_opts {
     long cpu_ahead;    /* -1: the default (cpu/prefetch.h, CPU_AHEAD_BYTES) */
     int cpu_one_job;   /* a solo step as one pool job with barriers where the model allows: 1 on, 0 off, -1 where the host streams plain, at up to 8 threads */
     int cpu_claim_runs; /* -1: the default (cpu/claim.h, CLAIM_RUNS) */
+    int cpu_float_form; /* -1: the float (router) kernels' one-token form follows cpu_stream's */
     bool unify;        /* route lone decode rows through the batched path too */
     bool profile;      /* per-stage step timings (backend_ops.profile), for ditto bench */
     bool cpu_loads_only; /* diagnostic, ditto bench only: gemm calls only load their weights (backend_opts) */

@@ -46,6 +46,26 @@ static double run(engine *e, float *out) {
     return wall;
 }
 
+/* One stream alone: its prompt, then STEPS one-row decode steps (the solo path, where the float
+ * router's one-token kernels run); out: [STEPS][V]. */
+static void run_solo(engine *e, float *out) {
+    int32_t tok[PROMPT], pos[PROMPT], sl[PROMPT];
+    uint8_t want[PROMPT];
+    const int V = e->m->hp.n_vocab, slot = kv_slot_acquire(e->kv);
+    for (int p = 0; p < PROMPT; p++) tok[p] = 100 + 3 * p, pos[p] = p, sl[p] = slot, want[p] = p == PROMPT - 1;
+    ditto_err err;
+    engine_batch b = {PROMPT, tok, pos, sl, want};
+    CHECK(engine_forward(e, &b, &err) == 1, "solo prefill: %s", err.msg);
+    for (int step = 0; step < STEPS; step++) {
+        int32_t dt = (step * 31 + 5) % 1000, dp = PROMPT + step;
+        const uint8_t dw = 1;
+        engine_batch d = {1, &dt, &dp, &slot, &dw};
+        CHECK(engine_forward(e, &d, &err) == 1, "solo decode step %d: %s", step, err.msg);
+        memcpy(out + (size_t)step * V, e->logits, sizeof(float) * (size_t)V);
+    }
+    kv_slot_release(e->kv, slot);
+}
+
 int main(void) {
     model *m;
     ditto_err err;
@@ -161,6 +181,32 @@ int main(void) {
         engine *e = NULL;
         const int rc = engine_create(&e, m, &o, &err);
         CHECK(rc != 0 && strstr(err.msg, "claim runs"), "cpu_claim_runs %d refused (rc %d: %s)", bad_runs[i], rc,
+              rc ? err.msg : "");
+        if (!rc) engine_free(e);
+    }
+    /* the float kernels' one-token form (ditto bench --float-form-ab): every form gives a solo
+     * stream the same logits as this host's; out of range is refused by name */
+    o.cpu_claim_runs = -1;
+    const size_t ns = (size_t)STEPS * m->hp.n_vocab;
+    for (int f = -1; f < CPU_STREAM_COUNT; f++) {
+        o.cpu_float_form = f;
+        engine *e = NULL;
+        if (engine_create(&e, m, &o, &err)) {
+            CHECK(0, "cpu_float_form %d: %s", f, err.msg);
+            continue;
+        }
+        run_solo(e, lg[f < 0 ? 0 : 1]);
+        if (f >= 0)
+            CHECK(memcmp(lg[0], lg[1], sizeof(float) * ns) == 0, "cpu_float_form %s: solo logits bitwise equal",
+                  cpu_stream_name((enum cpu_stream)f));
+        engine_free(e);
+    }
+    const int bad_forms[] = {-2, CPU_STREAM_COUNT};
+    for (int i = 0; i < 2; i++) {
+        o.cpu_float_form = bad_forms[i];
+        engine *e = NULL;
+        const int rc = engine_create(&e, m, &o, &err);
+        CHECK(rc != 0 && strstr(err.msg, "float form"), "cpu_float_form %d refused (rc %d: %s)", bad_forms[i], rc,
               rc ? err.msg : "");
         if (!rc) engine_free(e);
     }

@@ -268,19 +268,23 @@ static void act_dequant(enum quant_act a, const uint8_t *src, double *x, int k) 
 static enum cpu_level g_max; /* best level of this machine */
 
 /* The SIMD kernels under test: kv = KV_FORMS * (level - CPU_AVX2) + v, v 0 the level's gemm
- * (cpu_quant_gemm), 1 / 2 its gemm in the plain / touch stream form where that is another kernel
- * than the ones before it (cpu_quant_gemm_form), else NULL. */
-#define KV_FORMS 3
+ * (cpu_quant_gemm), 1 / 2 / 3 its gemm in the plain / touch / two-l1 stream form where that is
+ * another kernel than the ones before it (cpu_quant_gemm_form), else NULL. */
+#define KV_FORMS 4
 static quant_gemm_fn kernel_of(uint32_t type, int kv) {
+    static const enum cpu_stream form[KV_FORMS] = {CPU_STREAM_NEAR_FAR, CPU_STREAM_PLAIN, CPU_STREAM_TOUCH,
+                                                   CPU_STREAM_TWO_L1};
     const enum cpu_level lv = (enum cpu_level)(CPU_AVX2 + kv / KV_FORMS);
-    quant_gemm_fn f = cpu_quant_gemm(type, lv);
-    if (kv % KV_FORMS == 0) return f;
-    quant_gemm_fn p = cpu_quant_gemm_form(type, lv, CPU_STREAM_PLAIN);
-    if (kv % KV_FORMS == 1) return p != f ? p : NULL;
-    quant_gemm_fn t = cpu_quant_gemm_form(type, lv, CPU_STREAM_TOUCH);
-    return t != f && t != p ? t : NULL;
+    quant_gemm_fn f[KV_FORMS];
+    f[0] = cpu_quant_gemm(type, lv);
+    for (int v = 1; v <= kv % KV_FORMS; v++) {
+        f[v] = cpu_quant_gemm_form(type, lv, form[v]);
+        for (int u = 0; u < v && f[v]; u++)
+            if (f[u] == f[v]) f[v] = NULL;
+    }
+    return f[kv % KV_FORMS];
 }
-static const char *const KV_NAME[KV_FORMS] = {"", " plain", " touch"};
+static const char *const KV_NAME[KV_FORMS] = {"", " plain", " touch", " two-l1"};
 
 /* One case: rows [r0, r1) of R, n_tok tokens, length k; generic vs every SIMD kernel (kernel_of). */
 static void gemm_case(uint32_t type, int R, int r0, int r1, int n_tok, int k, int wadv, int aadv) {
@@ -604,11 +608,11 @@ static void test_dispatch(void) {
         if (g_max >= CPU_AVX512)
             CHECK(cpu_quant_gemm(ALL_TYPES[i], CPU_AVX512) != cpu_quant_gemm(ALL_TYPES[i], CPU_AVX2),
                   "%s has an AVX-512 kernel", tr->name);
-        /* the plain stream form has its own one-token float kernel at AVX-512, and only there */
+        /* every form but near-far has its own one-token float kernel at AVX-512, and only there */
         const bool fl = ALL_TYPES[i] == QT_F32 || ALL_TYPES[i] == QT_F16 || ALL_TYPES[i] == QT_BF16;
         for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++)
             for (int f = 0; f < CPU_STREAM_COUNT; f++) {
-                const bool own = fl && lv == CPU_AVX512 && cpu_stream_no_requests(f);
+                const bool own = fl && lv == CPU_AVX512 && f != CPU_STREAM_NEAR_FAR;
                 CHECK((cpu_quant_gemm_form(ALL_TYPES[i], (enum cpu_level)lv, (enum cpu_stream)f) !=
                        cpu_quant_gemm(ALL_TYPES[i], (enum cpu_level)lv)) == own,
                       "%s %s form %d: %s kernel", tr->name, cpu_level_name((enum cpu_level)lv), f, own ? "its own" : "the level's");

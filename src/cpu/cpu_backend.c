@@ -1257,6 +1257,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
     if (o->cpu_stream >= CPU_STREAM_COUNT)
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
+    if (o->cpu_float_form < -1 || o->cpu_float_form >= CPU_STREAM_COUNT)
+        return err_set(err, "cpu float form = %d (must be -1..%d)", o->cpu_float_form, CPU_STREAM_COUNT - 1);
     if (o->cpu_claim_runs < -1 || o->cpu_claim_runs == 0 || o->cpu_claim_runs > CLAIM_RUNS_MAX)
         return err_set(err, "cpu claim runs = %d (must be -1 or 1..%d)", o->cpu_claim_runs, CLAIM_RUNS_MAX);
     if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
@@ -1283,8 +1285,11 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->one_job = (o->cpu_one_job > 0 ||
                    (o->cpu_one_job < 0 && cpu_stream_no_requests(st->stream) && st->nth <= ONE_JOB_MAX_THREADS)) &&
                   st->nth > 1 && solo_job_fits(hp);
+    const int ff = o->cpu_float_form >= 0 ? o->cpu_float_form : st->stream; /* the float kernels' form */
     for (uint32_t t = 0; t < QT_COUNT; t++) {
-        if (quant_traits_of(t) && quant_traits_of(t)->supported) st->gemm[t] = cpu_quant_gemm_form(t, st->level, st->stream);
+        const bool fl = t == QT_F32 || t == QT_F16 || t == QT_BF16;
+        if (quant_traits_of(t) && quant_traits_of(t)->supported)
+            st->gemm[t] = cpu_quant_gemm_form(t, st->level, fl ? (enum cpu_stream)ff : (enum cpu_stream)st->stream);
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
     if (o->cpu_loads_only)
@@ -1292,9 +1297,11 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
             if (st->gemm_rp[t]) st->gemm_rp[t] = st->stream == CPU_STREAM_TWO_L1 ? loads_only_rp_two : loads_only_rp;
             if (st->gemm[t]) st->gemm[t] = loads_only_rm;
         }
-    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s%s", cpu_level_name(st->level),
+    const bool ff_own = forms && ff != st->stream;
+    snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s%s%s%s", cpu_level_name(st->level),
              st->level == CPU_AVX2 && cpu_avx_vnni() ? " (avx-vnni)" : "", st->nth, st->nth > 1 ? "s" : "",
              forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "",
+             ff_own ? ", float kernels " : "", ff_own ? cpu_stream_name((enum cpu_stream)ff) : "",
              st->one_job ? ", solo step as one pool job" : "", o->cpu_loads_only ? ", gemm calls load only (diagnostic)" : "");
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;

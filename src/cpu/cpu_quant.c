@@ -126,7 +126,7 @@ quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level) {
 
 quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form) {
     const quant_gemm_fn f = cpu_quant_gemm(type, level);
-    const quant_gemm_fn g = f && cpu_stream_no_requests(form) && clamp_level(level) >= CPU_AVX512 ? quant_gemm_avx512_one1(type, form == CPU_STREAM_TOUCH) : NULL;
+    const quant_gemm_fn g = f && clamp_level(level) >= CPU_AVX512 ? quant_gemm_avx512_form(type, form) : NULL;
     return g ? g : f;
 }
 

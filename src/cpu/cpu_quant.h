@@ -59,8 +59,10 @@ const char *cpu_level_name(enum cpu_level level);
  * lowered to it. NULL for a type without a gemm. */
 quant_gemm_fn cpu_quant_gemm(uint32_t type, enum cpu_level level);
 /* The same for the one-token stream form `form` (enum cpu_stream; which rows a call takes at
- * once, never their bits): at AVX-512 in the forms without requests the float types' one-token calls take
- * one row at a time (one stream a thread, as the repacked kernels), four in the other forms. */
+ * once, never their bits): at AVX-512 the float types' one-token calls take one row at a time in
+ * the forms without requests (one stream a thread, as the repacked kernels), in two-l1 a row of
+ * each half of the call's rows (two streams a thread, as the repacked kernels), four consecutive
+ * rows in near-far. */
 quant_gemm_fn cpu_quant_gemm_form(uint32_t type, enum cpu_level level, enum cpu_stream form);
 
 /* Activation quantization row, SIMD where available, bitwise equal to quant_act_row. */
@@ -70,8 +72,9 @@ void cpu_quant_act_row(enum quant_act act, const float *x, void *dst, int64_t k,
 /* ---- per-level tables (quant_avx2.c, quant_avx512.c); call only at a supported level */
 quant_gemm_fn quant_gemm_avx2(uint32_t type);   /* NULL where the level has no kernel */
 quant_gemm_fn quant_gemm_avx512(uint32_t type); /* NULL where the level has no kernel */
-/* float types, one row a one-token call (F32 with touch: CPU_STREAM_TOUCH's, cpu/prefetch.h); else NULL */
-quant_gemm_fn quant_gemm_avx512_one1(uint32_t type, bool touch);
+/* float types' kernels whose one-token calls follow `form` (cpu_quant_gemm_form); NULL for
+ * other types and for near-far (quant_gemm_avx512's) */
+quant_gemm_fn quant_gemm_avx512_form(uint32_t type, enum cpu_stream form);
 void quant_act_row_avx2(enum quant_act act, const float *x, void *dst, int64_t k);
 void quant_act_row_avx512(enum quant_act act, const float *x, void *dst, int64_t k);
 

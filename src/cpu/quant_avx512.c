@@ -389,14 +389,18 @@ AI __m512 fl_load_mask(const int type, const void *w, int e, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* NR consecutive rows (row_bytes apart) against NT tokens: per (row, token) the 32-lane fma
- * chains over e ascending (2 x NR x NT independent chains, so the FMA latency is hidden), then
- * the butterfly into o[t][i] for row i. With pf, each row's lines ahead are requested
- * (cpu/prefetch.h): the rows are one sequential stream. With touch (one row, f32, in place of
- * pf: CPU_STREAM_TOUCH), each 128-byte step's two lines are first read by 256-bit loads one step
- * ahead of the 512-bit loads that use them. */
+/* fl_rows' requests for each row's lines ahead (cpu/prefetch.h): none, CPU_STREAM_NEAR_FAR's or
+ * CPU_STREAM_TWO_L1's. */
+enum { FL_PF_NONE, FL_PF_NEAR_FAR, FL_PF_TWO_L1 };
+
+/* NR rows (row_bytes apart) against NT tokens: per (row, token) the 32-lane fma chains over e
+ * ascending (2 x NR x NT independent chains, so the FMA latency is hidden), then the butterfly
+ * into o[t][i] for row i. With pf, each row's lines ahead are requested in that form: consecutive
+ * rows are one sequential stream, rows far apart one stream each. With touch (one row, f32, in
+ * place of pf: CPU_STREAM_TOUCH), each 128-byte step's two lines are first read by 256-bit loads
+ * one step ahead of the 512-bit loads that use them. */
 AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, size_t row_bytes, const float *const *x,
-                int k, float *const *o, const bool pf, const bool touch) {
+                int k, float *const *o, const int pf, const bool touch) {
     __m512 A0[4][8], A1[4][8];
     const float *xr[8]; /* in registers: read through x in the loop, they were reloaded from the stack */
     UNROLL for (int t = 0; t < NT; t++) xr[t] = x[t];
@@ -412,8 +416,9 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
         UNROLL for (int i = 0; i < NR; i++) {
             const uint8_t *r = wr + (size_t)i * row_bytes;
             if (pf) {
-                cpu_prefetch_line((const char *)r + (size_t)e * esz);
-                if (esz == 4) cpu_prefetch_line((const char *)r + (size_t)e * esz + 64);
+                const int f = pf == FL_PF_TWO_L1 ? CPU_STREAM_TWO_L1 : CPU_STREAM_NEAR_FAR;
+                cpu_prefetch_line_form((const char *)r + (size_t)e * esz, f);
+                if (esz == 4) cpu_prefetch_line_form((const char *)r + (size_t)e * esz + 64, f);
             }
             w0[i] = fl_load(type, r, e), w1[i] = fl_load(type, r, e + 16);
             if (NT == 1) { /* one token: each row's chains right after its loads, as before the token loop */
@@ -451,8 +456,9 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
 #define FL_TSUP 24 /* tokens per pass over the rows (their activations, 192 KiB at k 2048, stay in L2) */
 #define FL_ONE_ROW_TOK 3 /* with one1, up to this many tokens (24 KiB of activations at k 2048, in L1) one row at a time */
 
-/* One token: four rows at a time (enough independent chains) or, with one1 (the plain stream
- * form), one row at a time. Four rows are four streams 8 KiB apart (k 2048): on the Zen 4 host,
+/* One token: four rows at a time (enough independent chains); with one1 (the plain stream
+ * form), one row at a time; with two (the two-l1 form), the call's rows in two halves read in
+ * lockstep, a row of each at a time, each half one stream with two-l1's requests. Four rows are four streams 8 KiB apart (k 2048): on the Zen 4 host,
  * where the probe read 4 interleaved streams a thread at ~0.6 of one, the router stage read
  * 24-26 GB/s against 29-42 for the other gemm stages, and 31-32 (as theirs) one row at a time;
  * its two chains still keep ~32 bytes a cycle in flight, several times a core's share of memory
@@ -466,20 +472,37 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
  * threads, Zen 4): 2 tokens 0.66x the time of the old code, 3 0.85x, 8 0.87-0.89x, 16 0.71-0.74x,
  * 128 0.60-0.63x; 1, 4 and 6 the same (bench/cpu-speed.md, thirtieth session).
  * The rows' and tokens' order of work never changes a bit: every (row, token) is its own chains. */
-AI void gemm_fl(const int type, const bool one1, const bool touch, GEMM_ARGS) {
+AI void gemm_fl(const int type, const bool one1, const bool touch, const bool two, GEMM_ARGS) {
     const float *x[FL_TSUP];
     float *o[FL_TSUP];
 #define FL_CASE(NR, NT) \
-    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0, false); break
+    case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0 ? FL_PF_NEAR_FAR : FL_PF_NONE, false); break
+    if (n_tok == 1 && two) {
+        const float *const x1[1] = {(const float *)act};
+        const int h = (r1 - r0) / 2; /* rows r0 + i and r0 + h + i together; an odd last row alone */
+        for (int i = 0; i < h; i++) {
+            float pair[2];
+            float *const o1[1] = {pair};
+            fl_rows(type, 2, 1, (const uint8_t *)w + (size_t)(r0 + i) * row_bytes, (size_t)h * row_bytes, x1, k, o1,
+                    FL_PF_TWO_L1, false);
+            out[r0 + i] = pair[0], out[r0 + h + i] = pair[1];
+        }
+        if (r0 + 2 * h < r1) {
+            float *const o1[1] = {out + r1 - 1};
+            fl_rows(type, 1, 1, (const uint8_t *)w + (size_t)(r1 - 1) * row_bytes, row_bytes, x1, k, o1, FL_PF_TWO_L1,
+                    false);
+        }
+        return;
+    }
     if (n_tok == 1) {
         const float *const x1[1] = {(const float *)act};
         for (int r = r0; r < r1;) {
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
             float *const o1[1] = {out + r};
             if (!one1 && r1 - r >= 4)
-                fl_rows(type, 4, 1, wr, row_bytes, x1, k, o1, true, false), r += 4;
+                fl_rows(type, 4, 1, wr, row_bytes, x1, k, o1, FL_PF_NEAR_FAR, false), r += 4;
             else
-                fl_rows(type, 1, 1, wr, row_bytes, x1, k, o1, !touch, touch), r++;
+                fl_rows(type, 1, 1, wr, row_bytes, x1, k, o1, touch ? FL_PF_NONE : FL_PF_NEAR_FAR, touch), r++;
         }
         return;
     }
@@ -521,15 +544,18 @@ DEF_GEMM(gemm_q8_0_avx512, gemm_legacy, QT_Q8_0)
 DEF_GEMM(gemm_q4_K_avx512, gemm_kq, QT_Q4_K)
 DEF_GEMM(gemm_q5_K_avx512, gemm_kq, QT_Q5_K)
 DEF_GEMM(gemm_q6_K_avx512, gemm_kq, QT_Q6_K)
-#define DEF_GEMM_FL(name, type, one1, touch) \
-    static void name(GEMM_ARGS) { gemm_fl(type, one1, touch, GEMM_PASS); }
-DEF_GEMM_FL(gemm_f32_avx512, QT_F32, false, false)
-DEF_GEMM_FL(gemm_f16_avx512, QT_F16, false, false)
-DEF_GEMM_FL(gemm_bf16_avx512, QT_BF16, false, false)
-DEF_GEMM_FL(gemm_f32_one1_avx512, QT_F32, true, false)
-DEF_GEMM_FL(gemm_f16_one1_avx512, QT_F16, true, false)
-DEF_GEMM_FL(gemm_bf16_one1_avx512, QT_BF16, true, false)
-DEF_GEMM_FL(gemm_f32_touch_avx512, QT_F32, true, true)
+#define DEF_GEMM_FL(name, type, one1, touch, two) \
+    static void name(GEMM_ARGS) { gemm_fl(type, one1, touch, two, GEMM_PASS); }
+DEF_GEMM_FL(gemm_f32_avx512, QT_F32, false, false, false)
+DEF_GEMM_FL(gemm_f16_avx512, QT_F16, false, false, false)
+DEF_GEMM_FL(gemm_bf16_avx512, QT_BF16, false, false, false)
+DEF_GEMM_FL(gemm_f32_one1_avx512, QT_F32, true, false, false)
+DEF_GEMM_FL(gemm_f16_one1_avx512, QT_F16, true, false, false)
+DEF_GEMM_FL(gemm_bf16_one1_avx512, QT_BF16, true, false, false)
+DEF_GEMM_FL(gemm_f32_touch_avx512, QT_F32, true, true, false)
+DEF_GEMM_FL(gemm_f32_two_avx512, QT_F32, false, false, true)
+DEF_GEMM_FL(gemm_f16_two_avx512, QT_F16, false, false, true)
+DEF_GEMM_FL(gemm_bf16_two_avx512, QT_BF16, false, false, true)
 
 quant_gemm_fn quant_gemm_avx512(uint32_t type) {
     switch (type) {
@@ -548,9 +574,16 @@ quant_gemm_fn quant_gemm_avx512(uint32_t type) {
     }
 }
 
-quant_gemm_fn quant_gemm_avx512_one1(uint32_t type, bool touch) {
+quant_gemm_fn quant_gemm_avx512_form(uint32_t type, enum cpu_stream form) {
+    if (form == CPU_STREAM_TWO_L1) switch (type) {
+        case QT_F32: return gemm_f32_two_avx512;
+        case QT_F16: return gemm_f16_two_avx512;
+        case QT_BF16: return gemm_bf16_two_avx512;
+        default: return NULL;
+        }
+    if (!cpu_stream_no_requests(form)) return NULL;
     switch (type) {
-    case QT_F32: return touch ? gemm_f32_touch_avx512 : gemm_f32_one1_avx512;
+    case QT_F32: return form == CPU_STREAM_TOUCH ? gemm_f32_touch_avx512 : gemm_f32_one1_avx512;
     case QT_F16: return gemm_f16_one1_avx512;
     case QT_BF16: return gemm_bf16_one1_avx512;
     default: return NULL;
