@@ -784,11 +784,87 @@ done:
     return rc;
 }
 
-/* n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
- * stream forms; what: the question, a / b: A's and B's setting. Prints B against A, and whether
- * their logits were bitwise equal at every step where B runs the model (b_model). */
+/* n decode steps of a batch of S streams (S prompts of plen tokens, the same in both) with options
+ * va (A) and vb (B), one engine each, the two steps of a pair back to back in alternating order;
+ * prints B against A per pair and over all steps, and whether the logits were bitwise equal at
+ * every step where B runs the model (b_model). */
+static int batch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, int S, const char *what, const char *a,
+                        const char *b, bool b_model, int plen, int n, ditto_err *err) {
+    DT_ASSERT(S >= 2 && S <= 4096 && n >= 1 && n <= 100);
+    engine *ea[2] = {NULL, NULL};
+    const int V = m->hp.n_vocab;
+    int32_t *tok = xmalloc(sizeof(int32_t) * 6 * (size_t)S), *pos = tok + 2 * S, *sl = tok + 4 * S; /* [engine][S] */
+    uint8_t *want = xmalloc((size_t)S);
+    float *lg = xmalloc(sizeof(float) * (size_t)S * (size_t)V);
+    double x[100], sum_dt[2] = {0, 0};
+    bool same = true;
+    int held[2] = {0, 0}, rc = -1;
+    memset(want, 1, (size_t)S);
+    for (int k = 0; k < 2; k++) {
+        engine_opts o = k ? *vb : *va;
+        o.max_streams = S, o.unify = false, o.profile = false;
+        if (engine_create(&ea[k], m, &o, err)) goto done;
+        for (int s = 0; s < S; s++) {
+            uint64_t rng = 77 + (uint64_t)s;
+            sl[k * S + s] = kv_slot_acquire(ea[k]->kv);
+            DT_ASSERT(sl[k * S + s] >= 0);
+            held[k] = s + 1;
+            pos[k * S + s] = plen;
+            if (prefill(ea[k], sl[k * S + s], plen, &rng, &tok[k * S + s], err) < 0) goto done;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        double dt[2];
+        for (int kk = 0; kk < 2; kk++) {
+            const int k = (i & 1) ? 1 - kk : kk;
+            engine_batch bt = {S, tok + k * S, pos + k * S, sl + k * S, want};
+            const double t0 = time_now();
+            if (engine_forward(ea[k], &bt, err) < 0) goto done;
+            dt[k] = time_now() - t0;
+            sum_dt[k] += dt[k];
+            if (kk) same = same && !memcmp(lg, ea[k]->logits, sizeof(float) * (size_t)S * (size_t)V);
+            else memcpy(lg, ea[k]->logits, sizeof(float) * (size_t)S * (size_t)V);
+            for (int s = 0; s < S; s++) tok[k * S + s] = sampler_argmax(ea[k]->logits + (size_t)s * V, V), pos[k * S + s]++;
+        }
+        x[i] = dt[0] / dt[1];
+    }
+    const double med = median(x, n); /* sorts */
+    printf("\n%s (%d decode steps of a batch of %d streams, A %s and B %s, each pair back to back in alternating order):"
+           " B against A: per-step rate ratio B / A, median %.3f (quartiles %.3f–%.3f), over all steps %.3f; aggregate"
+           " tok/s %.2f against %.2f; %s\n",
+           what, n, S, a, b, med, x[n / 4], x[(3 * n) / 4], sum_dt[0] / sum_dt[1], S * n / sum_dt[1], S * n / sum_dt[0],
+           !b_model ? "logits not compared (B's are not the model's)"
+           : same ? "logits bitwise equal at every step: yes" : "logits bitwise equal at every step: NO");
+    printf("A: %s; B: %s\n", ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state));
+    rc = 0;
+done:
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; s < held[k]; s++) kv_slot_release(ea[k]->kv, sl[k * S + s]);
+        engine_free(ea[k]);
+    }
+    free(tok);
+    free(want);
+    free(lg);
+    return rc;
+}
+
+/* The pairing of two engines' options (--*-ab): the probe, the prompt length, the pairs, the
+ * threads' placement asked for, and the streams a step (1: solo steps, paired_run; more: batches,
+ * batch_ab_run). */
+typedef struct ab_args {
+    bench_probe *probe;
+    int plen, n, place, streams;
+} ab_args;
+
+/* ab->n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
+ * stream forms (with ab->streams > 1, batches of that many streams: batch_ab_run); what: the
+ * question, a / b: A's and B's setting. Prints B against A, and whether their logits were bitwise
+ * equal at every step where B runs the model (b_model). */
 static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
-                       const char *b, bool b_model, bench_probe *probe, int plen, int n, int place, ditto_err *err) {
+                       const char *b, bool b_model, const ab_args *ab, ditto_err *err) {
+    if (ab->streams > 1) return batch_ab_run(m, va, vb, ab->streams, what, a, b, b_model, ab->plen, ab->n, err);
+    bench_probe *probe = ab->probe;
+    const int plen = ab->plen, n = ab->n, place = ab->place;
     engine *ea[2] = {NULL, NULL};
     int rc = -1;
     for (int k = 0; k < 2; k++) {
@@ -815,74 +891,68 @@ done:
 }
 
 /* --ahead-ab B: the run's requests ahead (--ahead, or the default) against B bytes. */
-static int ahead_run(model *m, const engine_opts *base, long bytes, bench_probe *probe, int plen, int n, int place,
-                     ditto_err *err) {
+static int ahead_run(model *m, const engine_opts *base, long bytes, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_ahead = bytes;
     char a[48], b[32];
     if (base->cpu_ahead < 0) snprintf(a, sizeof a, "with the default %d bytes", CPU_AHEAD_BYTES);
     else snprintf(a, sizeof a, "with %ld bytes", base->cpu_ahead);
     snprintf(b, sizeof b, "with %ld", bytes);
-    return opts_ab_run(m, base, &vb, "requests ahead", a, b, true, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "requests ahead", a, b, true, ab, err);
 }
 
 /* --form-ab F: the run's one-token stream form (this host's) against form F (enum cpu_stream). The
  * solo step's form (--one-job) follows each stream form's default unless given; the line after
  * the A/B names both engines. */
-static int form_run(model *m, const engine_opts *base, int f, bench_probe *probe, int plen, int n, int place,
-                    ditto_err *err) {
+static int form_run(model *m, const engine_opts *base, int f, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_stream = f;
     char b[32];
     snprintf(b, sizeof b, "in %s", cpu_stream_name(f));
-    return opts_ab_run(m, base, &vb, "stream form", "in this host's form", b, true, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "stream form", "in this host's form", b, true, ab, err);
 }
 
 /* --one-job-ab B: the run's solo step form (--one-job, or the default) against B (0: a pool job
  * per stage, 1: the step as one pool job with barriers). */
-static int one_job_run(model *m, const engine_opts *base, int b_on, bench_probe *probe, int plen, int n, int place,
-                       ditto_err *err) {
+static int one_job_run(model *m, const engine_opts *base, int b_on, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_one_job = b_on;
     static const char *const form[2] = {"a pool job per stage", "one pool job a step"};
     const char *a = base->cpu_one_job < 0 ? "the default" : form[base->cpu_one_job];
-    return opts_ab_run(m, base, &vb, "solo step form", a, form[b_on], true, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "solo step form", a, form[b_on], true, ab, err);
 }
 
 /* --claim-runs-ab R: the run's claimed-run cap (CLAIM_RUNS, cpu/claim.h) against runs of at most
  * 1 / R of a thread's segment: the trade between longer kernel calls (fewer stream starts) and
  * finer stealing at a stage's end, either way. */
-static int claim_runs_run(model *m, const engine_opts *base, int runs, bench_probe *probe, int plen, int n, int place,
-                          ditto_err *err) {
+static int claim_runs_run(model *m, const engine_opts *base, int runs, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_claim_runs = runs;
     char a[48], b[48];
     snprintf(a, sizeof a, "runs of 1/%d of a segment", base->cpu_claim_runs > 0 ? base->cpu_claim_runs : CLAIM_RUNS);
     snprintf(b, sizeof b, "runs of 1/%d", runs);
-    return opts_ab_run(m, base, &vb, "claimed runs", a, b, true, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "claimed runs", a, b, true, ab, err);
 }
 
 /* --float-form-ab F: the run's float kernels' one-token form (this host's stream form unless
  * given) against form F: how the f32 router's rows are streamed, the rest of the step alike. */
-static int float_form_run(model *m, const engine_opts *base, int f, bench_probe *probe, int plen, int n, int place,
-                          ditto_err *err) {
+static int float_form_run(model *m, const engine_opts *base, int f, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_float_form = f;
     char b[48];
     snprintf(b, sizeof b, "in %s", cpu_stream_name((enum cpu_stream)f));
-    return opts_ab_run(m, base, &vb, "float kernels' form", "in this host's form", b, true, probe, plen, n, place, err);
+    return opts_ab_run(m, base, &vb, "float kernels' form", "in this host's form", b, true, ab, err);
 }
 
 /* --loads-only-ab: the run's solo steps against the same steps whose gemm calls only load their
  * weight bytes (backend_opts.cpu_loads_only): B's share of the best pattern is what the step's
  * structure alone allows (its stages, barriers, small stages and jumps between matrices), and
  * B / A how much the kernels' compute costs on top of it. */
-static int loads_only_run(model *m, const engine_opts *base, bench_probe *probe, int plen, int n, int place,
-                          ditto_err *err) {
+static int loads_only_run(model *m, const engine_opts *base, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_loads_only = true;
     return opts_ab_run(m, base, &vb, "the step's structure", "as it runs", "with its gemm calls loading only", false,
-                       probe, plen, n, place, err);
+                       ab, err);
 }
 
 int bench_cmd(int argc, char **argv) {
@@ -891,7 +961,7 @@ int bench_cmd(int argc, char **argv) {
     bool unify = false, profile = false, trace = false, forms = false;
     bool loads_only_ab = false, loads_only = false;
     int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1, claim_runs_ab = -1,
-        float_form_ab = -1;
+        float_form_ab = -1, ab_streams = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -921,6 +991,8 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job)) return 2;
         } else if (!strcmp(a, "--one-job-ab") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
+        } else if (!strcmp(a, "--ab-streams") && has) {
+            if (cli_int("bench", a, argv[++i], 1, 64, &ab_streams)) return 2;
         } else if (!strcmp(a, "--claim-runs-ab") && has) {
             if (cli_int("bench", a, argv[++i], 1, CLAIM_RUNS_MAX, &claim_runs_ab)) return 2;
         } else if ((!strcmp(a, "--form-ab") || !strcmp(a, "--float-form-ab")) && has) {
@@ -940,7 +1012,7 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--ab-streams S] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
             return 2;
         }
     }
@@ -1130,13 +1202,14 @@ int bench_cmd(int argc, char **argv) {
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
-    if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, probe, plen, paired, place, &err) < 0) goto fail;
-    if (paired && form_ab >= 0 && form_run(m, &o, form_ab, probe, plen, paired, place, &err) < 0) goto fail;
-    if (paired && loads_only_ab && loads_only_run(m, &o, probe, plen, paired, place, &err) < 0) goto fail;
-    if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, probe, plen, paired, place, &err) < 0) goto fail;
-    if (paired && float_form_ab >= 0 && float_form_run(m, &o, float_form_ab, probe, plen, paired, place, &err) < 0)
+    const ab_args ab = {probe, plen, paired, place, ab_streams};
+    if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, &ab, &err) < 0) goto fail;
+    if (paired && form_ab >= 0 && form_run(m, &o, form_ab, &ab, &err) < 0) goto fail;
+    if (paired && loads_only_ab && loads_only_run(m, &o, &ab, &err) < 0) goto fail;
+    if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, &ab, &err) < 0) goto fail;
+    if (paired && float_form_ab >= 0 && float_form_run(m, &o, float_form_ab, &ab, &err) < 0)
         goto fail;
-    if (paired && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, probe, plen, paired, place, &err) < 0)
+    if (paired && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, &ab, &err) < 0)
         goto fail;
     bench_probe_free(probe);
     engine_free(eu);

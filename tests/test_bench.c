@@ -217,10 +217,23 @@ int main(void) {
                   (const char *[]){"logits not compared", "gemm calls load only (diagnostic)", NULL}, out, sizeof out),
           "--loads-only-ab: its line and B's engine named");
 
+    /* --float-form-ab: the f32 router's one-token form alone; --ab-streams: any A/B over batches */
+    CHECK(ab_line((char *[]){"--float-form-ab", "near-far"}, 2,
+                  "float kernels' form (3 solo steps, A in this host's form and B in near-far, ",
+                  (const char *[]){"logits bitwise equal at every step: yes", "B: cpu", NULL}, out, sizeof out),
+          "--float-form-ab: its line, logits bitwise equal");
+    CHECK(ab_line((char *[]){"--ab-streams", "3", "--claim-runs-ab", "1"}, 4,
+                  "claimed runs (3 decode steps of a batch of 3 streams, A runs of 1/8 of a segment and B runs of 1/1, ",
+                  (const char *[]){"per-step rate ratio B / A, median", "over all steps",
+                                   "logits bitwise equal at every step: yes", "B: cpu", NULL},
+                  out, sizeof out),
+          "--ab-streams 3 --claim-runs-ab 1: a batch A/B line, logits bitwise equal");
+
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
                       {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"},
-                      {"bench", "--form-ab", "fast"}};
-    for (int i = 0; i < 7; i++) {
+                      {"bench", "--form-ab", "fast"}, {"bench", "--float-form-ab", "x"}, {"bench", "--ab-streams", "0"},
+                      {"bench", "--ab-streams", "65"}};
+    for (int i = 0; i < 10; i++) {
         rc = run_bench(3, bad[i], out, sizeof out);
         CHECK(rc == 2, "%s %s: exit %d, want 2", bad[i][1], bad[i][2], rc);
     }
