@@ -817,6 +817,7 @@ static int batch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, 
         double dt[2];
         for (int kk = 0; kk < 2; kk++) {
             const int k = (i & 1) ? 1 - kk : kk;
+            quiesce(); /* the workers of the engine that ran last */
             engine_batch bt = {S, tok + k * S, pos + k * S, sl + k * S, want};
             const double t0 = time_now();
             if (engine_forward(ea[k], &bt, err) < 0) goto done;
