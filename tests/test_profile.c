@@ -46,6 +46,15 @@ static double run(engine *e, float *out) {
     return wall;
 }
 
+/* engine_create with o refuses, naming the option (needle in its message); what / value name the case. */
+static void expect_refused(model *m, const engine_opts *o, const char *needle, const char *what, int value) {
+    engine *e = NULL;
+    ditto_err err;
+    const int rc = engine_create(&e, m, o, &err);
+    CHECK(rc != 0 && strstr(err.msg, needle), "%s %d refused (rc %d: %s)", what, value, rc, rc ? err.msg : "");
+    if (!rc) engine_free(e);
+}
+
 /* One stream alone: its prompt, then STEPS one-row decode steps (the solo path, where the float
  * router's one-token kernels run); out: [STEPS][V]. */
 static void run_solo(engine *e, float *out) {
@@ -178,11 +187,7 @@ int main(void) {
     const int bad_runs[] = {0, -2, 1025};
     for (int i = 0; i < 3; i++) {
         o.cpu_claim_runs = bad_runs[i];
-        engine *e = NULL;
-        const int rc = engine_create(&e, m, &o, &err);
-        CHECK(rc != 0 && strstr(err.msg, "claim runs"), "cpu_claim_runs %d refused (rc %d: %s)", bad_runs[i], rc,
-              rc ? err.msg : "");
-        if (!rc) engine_free(e);
+        expect_refused(m, &o, "claim runs", "cpu_claim_runs", bad_runs[i]);
     }
     /* the float kernels' one-token form (ditto bench --float-form-ab): every form gives a solo
      * stream the same logits as this host's; out of range is refused by name */
@@ -204,11 +209,7 @@ int main(void) {
     const int bad_forms[] = {-2, CPU_STREAM_COUNT};
     for (int i = 0; i < 2; i++) {
         o.cpu_float_form = bad_forms[i];
-        engine *e = NULL;
-        const int rc = engine_create(&e, m, &o, &err);
-        CHECK(rc != 0 && strstr(err.msg, "float form"), "cpu_float_form %d refused (rc %d: %s)", bad_forms[i], rc,
-              rc ? err.msg : "");
-        if (!rc) engine_free(e);
+        expect_refused(m, &o, "float form", "cpu_float_form", bad_forms[i]);
     }
     free(lg[0]);
     free(lg[1]);
