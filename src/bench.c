@@ -803,6 +803,7 @@ static int batch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, 
     for (int k = 0; k < 2; k++) {
         engine_opts o = k ? *vb : *va;
         o.max_streams = S, o.unify = false, o.profile = false;
+        o.max_rows = DT_MAX(o.max_rows, S); /* a step of S rows */
         if (engine_create(&ea[k], m, &o, err)) goto done;
         for (int s = 0; s < S; s++) {
             uint64_t rng = 77 + (uint64_t)s;
@@ -851,7 +852,7 @@ done:
 
 /* The pairing of two engines' options (--*-ab): the probe, the prompt length, the pairs, the
  * threads' placement asked for, and the streams a step (1: solo steps, paired_run; more: batches,
- * batch_ab_run). */
+ * batch_ab_run, which waits for no placement and runs no probe: bench_cmd refuses --place with it). */
 typedef struct ab_args {
     bench_probe *probe;
     int plen, n, place, streams;
@@ -997,7 +998,7 @@ int bench_cmd(int argc, char **argv) {
         } else if (!strcmp(a, "--claim-runs-ab") && has) {
             if (cli_int("bench", a, argv[++i], 1, CLAIM_RUNS_MAX, &claim_runs_ab)) return 2;
         } else if ((!strcmp(a, "--form-ab") || !strcmp(a, "--float-form-ab")) && has) {
-            int *dst = a[2] == 'f' && a[3] == 'l' ? &float_form_ab : &form_ab;
+            int *dst = !strcmp(a, "--float-form-ab") ? &float_form_ab : &form_ab;
             if ((*dst = cpu_stream_parse(argv[++i])) < 0) {
                 fprintf(stderr, "ditto bench: %s expects one of", a);
                 for (int f = 0; f < CPU_STREAM_COUNT; f++) fprintf(stderr, " %s", cpu_stream_name((enum cpu_stream)f));
@@ -1016,6 +1017,12 @@ int bench_cmd(int argc, char **argv) {
             fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--ab-streams S] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
             return 2;
         }
+    }
+    if (ab_streams > 1 && (place >= 0 || float_form_ab >= 0)) {
+        /* batches wait for no placement, and the float form changes one-token calls only */
+        fprintf(stderr, "ditto bench: --ab-streams above 1 does not go with %s\n",
+                place >= 0 ? "--place" : "--float-form-ab (a batch's router calls carry every row)");
+        return 2;
     }
     int max_s = 1;
     for (int i = 0; i < n_streams; i++) max_s = DT_MAX(max_s, streams[i]);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "cpu/claim.h"
 #include "cpu/cpu_quant.h"
 #include "test.h"
 
@@ -221,16 +222,24 @@ int main(void) {
           "--loads-only-ab: its line and B's engine named");
 
     /* --float-form-ab: the f32 router's one-token form alone; --ab-streams: any A/B over batches */
+    /* where the float kernels have forms (AVX-512) and this host's is not near-far, B runs its own */
+    const bool ff_named = cpu_level_detect() >= CPU_AVX512 && cpu_stream_detect() != CPU_STREAM_NEAR_FAR;
     CHECK(ab_line((char *[]){"--float-form-ab", "near-far"}, 2,
                   "float kernels' form (3 solo steps, A in this host's form and B in near-far, ",
-                  (const char *[]){"logits bitwise equal at every step: yes", "B: cpu", NULL}, out, sizeof out),
-          "--float-form-ab: its line, logits bitwise equal");
-    CHECK(ab_line((char *[]){"--ab-streams", "3", "--claim-runs-ab", "1"}, 4,
-                  "claimed runs (3 decode steps of a batch of 3 streams, A runs of 1/8 of a segment and B runs of 1/1, ",
+                  (const char *[]){"logits bitwise equal at every step: yes",
+                                   ff_named ? ", float kernels near-far" : "B: cpu", NULL},
+                  out, sizeof out),
+          "--float-form-ab: its line, logits bitwise equal, B's float form named where it has one");
+    char head[160];
+    snprintf(head, sizeof head,
+             "claimed runs (3 decode steps of a batch of 10 streams, A runs of 1/%d of a segment and B runs of 1/1, ",
+             CLAIM_RUNS);
+    /* 10 streams: more rows a step than the prompt's 8 (the run's max_rows) */
+    CHECK(ab_line((char *[]){"--ab-streams", "10", "--claim-runs-ab", "1"}, 4, head,
                   (const char *[]){"per-step rate ratio B / A, median", "over all steps",
                                    "logits bitwise equal at every step: yes", "B: cpu", NULL},
                   out, sizeof out),
-          "--ab-streams 3 --claim-runs-ab 1: a batch A/B line, logits bitwise equal");
+          "--ab-streams 10 --claim-runs-ab 1: a batch A/B line, logits bitwise equal");
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
                       {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"},
@@ -239,6 +248,12 @@ int main(void) {
     for (int i = 0; i < 10; i++) {
         rc = run_bench(3, bad[i], out, sizeof out);
         CHECK(rc == 2, "%s %s: exit %d, want 2", bad[i][1], bad[i][2], rc);
+    }
+    /* batch A/Bs wait for no placement, and the float form has nothing to change in a batch */
+    char *combo[][5] = {{"bench", "--ab-streams", "2", "--place", "far"}, {"bench", "--ab-streams", "2", "--float-form-ab", "plain"}};
+    for (int i = 0; i < 2; i++) {
+        rc = run_bench(5, combo[i], out, sizeof out);
+        CHECK(rc == 2, "--ab-streams 2 %s %s: exit %d, want 2", combo[i][3], combo[i][4], rc);
     }
     return test_summary();
 }

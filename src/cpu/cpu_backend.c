@@ -1255,7 +1255,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     const model_hparams *hp = &m->hp;
     if (o->n_threads < 1 || o->n_threads > 256) return err_set(err, "threads = %d (must be 1..256)", o->n_threads);
     if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
-    if (o->cpu_stream >= CPU_STREAM_COUNT)
+    if (o->cpu_stream < -1 || o->cpu_stream >= CPU_STREAM_COUNT)
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
     if (o->cpu_float_form < -1 || o->cpu_float_form >= CPU_STREAM_COUNT)
         return err_set(err, "cpu float form = %d (must be -1..%d)", o->cpu_float_form, CPU_STREAM_COUNT - 1);
@@ -1297,7 +1297,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
             if (st->gemm_rp[t]) st->gemm_rp[t] = st->stream == CPU_STREAM_TWO_L1 ? loads_only_rp_two : loads_only_rp;
             if (st->gemm[t]) st->gemm[t] = loads_only_rm;
         }
-    const bool ff_own = forms && ff != st->stream;
+    /* the float kernels have forms at AVX-512 only (cpu_quant_gemm_form) */
+    const bool ff_own = forms && st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512 && ff != st->stream;
     snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s%s%s%s", cpu_level_name(st->level),
              st->level == CPU_AVX2 && cpu_avx_vnni() ? " (avx-vnni)" : "", st->nth, st->nth > 1 ? "s" : "",
              forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "",

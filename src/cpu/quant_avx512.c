@@ -458,7 +458,9 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
 
 /* One token: four rows at a time (enough independent chains); with one1 (the plain stream
  * form), one row at a time; with two (the two-l1 form), the call's rows in two halves read in
- * lockstep, a row of each at a time, each half one stream with two-l1's requests. Four rows are four streams 8 KiB apart (k 2048): on the Zen 4 host,
+ * lockstep, a row of each at a time, each half one stream with two-l1's requests (on the Zen 5
+ * host 0.91-0.96x the four rows' time on router-shaped matrices from memory, bench/cpu-speed.md,
+ * forty-seventh session). Four rows are four streams 8 KiB apart (k 2048): on the Zen 4 host,
  * where the probe read 4 interleaved streams a thread at ~0.6 of one, the router stage read
  * 24-26 GB/s against 29-42 for the other gemm stages, and 31-32 (as theirs) one row at a time;
  * its two chains still keep ~32 bytes a cycle in flight, several times a core's share of memory
