@@ -211,6 +211,11 @@ int main(void) {
         o.cpu_float_form = bad_forms[i];
         expect_refused(m, &o, "float form", "cpu_float_form", bad_forms[i]);
     }
+    o.cpu_float_form = -1;
+    for (int i = 0; i < 2; i++) { /* the stream form's own bounds, the same */
+        o.cpu_stream = bad_forms[i];
+        expect_refused(m, &o, "stream form", "cpu_stream", bad_forms[i]);
+    }
     free(lg[0]);
     free(lg[1]);
     model_free(m);
