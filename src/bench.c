@@ -856,6 +856,7 @@ done:
 typedef struct ab_args {
     bench_probe *probe;
     int plen, n, place, streams;
+    bool trace; /* solo steps: both engines profiled, each step's stages printed and summed up per engine */
 } ab_args;
 
 /* ab->n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
@@ -871,12 +872,12 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     int rc = -1;
     for (int k = 0; k < 2; k++) {
         engine_opts o = k ? *vb : *va;
-        o.max_streams = 1, o.unify = false, o.profile = false;
+        o.max_streams = 1, o.unify = false, o.profile = ab->trace;
         if (engine_create(&ea[k], m, &o, err)) goto done;
     }
     paired_out po;
     const char *const names[2] = {"A", "B"};
-    if (paired_run(ea, names, 2, probe, plen, n, false, place, &po, err) < 0) goto done;
+    if (paired_run(ea, names, 2, probe, plen, n, ab->trace, place, &po, err) < 0) goto done;
     printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order and followed by one"
            " probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
            " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); %s\n",
@@ -1210,7 +1211,7 @@ int bench_cmd(int argc, char **argv) {
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
-    const ab_args ab = {probe, plen, paired, place, ab_streams};
+    const ab_args ab = {probe, plen, paired, place, ab_streams, trace};
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, &ab, &err) < 0) goto fail;
     if (paired && form_ab >= 0 && form_run(m, &o, form_ab, &ab, &err) < 0) goto fail;
     if (paired && loads_only_ab && loads_only_run(m, &o, &ab, &err) < 0) goto fail;

@@ -220,6 +220,11 @@ int main(void) {
                   "the step's structure (3 solo steps, A as it runs and B with its gemm calls loading only",
                   (const char *[]){"logits not compared", "gemm calls load only (diagnostic)", NULL}, out, sizeof out),
           "--loads-only-ab: its line and B's engine named");
+    /* with --trace an A/B profiles both engines and sums each one's stages up (the trace summary) */
+    CHECK(ab_line((char *[]){"--claim-runs-ab", "1", "--trace"}, 3, "claimed runs (3 solo steps, ",
+                  (const char *[]){"logits bitwise equal at every step: yes", NULL}, out, sizeof out) &&
+              strstr(out, "\n| A | q/k/v gemm | ") && strstr(out, "\n| B | router gemm | "),
+          "--claim-runs-ab 1 --trace: A's and B's stages in the trace summary");
 
     /* --float-form-ab: the f32 router's one-token form alone; --ab-streams: any A/B over batches */
     /* where the float kernels have forms (AVX-512) and this host's is not near-far, B runs its own */
