@@ -906,13 +906,15 @@ static int ahead_run(model *m, const engine_opts *base, long bytes, const ab_arg
 
 /* --form-ab F: the run's one-token stream form (this host's) against form F (enum cpu_stream). The
  * solo step's form (--one-job) follows each stream form's default unless given; the line after
- * the A/B names both engines. */
-static int form_run(model *m, const engine_opts *base, int f, const ab_args *ab, ditto_err *err) {
+ * the A/B names both engines. With fl (--float-form-ab F), the float kernels' form alone (how the
+ * f32 router's rows are streamed), the rest of the step alike. */
+static int form_run(model *m, const engine_opts *base, int f, bool fl, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
-    vb.cpu_stream = f;
+    if (fl) vb.cpu_float_form = f;
+    else vb.cpu_stream = f;
     char b[32];
-    snprintf(b, sizeof b, "in %s", cpu_stream_name(f));
-    return opts_ab_run(m, base, &vb, "stream form", "in this host's form", b, true, ab, err);
+    snprintf(b, sizeof b, "in %s", cpu_stream_name((enum cpu_stream)f));
+    return opts_ab_run(m, base, &vb, fl ? "float kernels' form" : "stream form", "in this host's form", b, true, ab, err);
 }
 
 /* --one-job-ab B: the run's solo step form (--one-job, or the default) against B (0: a pool job
@@ -935,16 +937,6 @@ static int claim_runs_run(model *m, const engine_opts *base, int runs, const ab_
     snprintf(a, sizeof a, "runs of 1/%d of a segment", base->cpu_claim_runs > 0 ? base->cpu_claim_runs : CLAIM_RUNS);
     snprintf(b, sizeof b, "runs of 1/%d", runs);
     return opts_ab_run(m, base, &vb, "claimed runs", a, b, true, ab, err);
-}
-
-/* --float-form-ab F: the run's float kernels' one-token form (this host's stream form unless
- * given) against form F: how the f32 router's rows are streamed, the rest of the step alike. */
-static int float_form_run(model *m, const engine_opts *base, int f, const ab_args *ab, ditto_err *err) {
-    engine_opts vb = *base;
-    vb.cpu_float_form = f;
-    char b[48];
-    snprintf(b, sizeof b, "in %s", cpu_stream_name((enum cpu_stream)f));
-    return opts_ab_run(m, base, &vb, "float kernels' form", "in this host's form", b, true, ab, err);
 }
 
 /* --loads-only-ab: the run's solo steps against the same steps whose gemm calls only load their
@@ -1213,11 +1205,10 @@ int bench_cmd(int argc, char **argv) {
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
     const ab_args ab = {probe, plen, paired, place, ab_streams, trace};
     if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, &ab, &err) < 0) goto fail;
-    if (paired && form_ab >= 0 && form_run(m, &o, form_ab, &ab, &err) < 0) goto fail;
+    if (paired && form_ab >= 0 && form_run(m, &o, form_ab, false, &ab, &err) < 0) goto fail;
     if (paired && loads_only_ab && loads_only_run(m, &o, &ab, &err) < 0) goto fail;
     if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, &ab, &err) < 0) goto fail;
-    if (paired && float_form_ab >= 0 && float_form_run(m, &o, float_form_ab, &ab, &err) < 0)
-        goto fail;
+    if (paired && float_form_ab >= 0 && form_run(m, &o, float_form_ab, true, &ab, &err) < 0) goto fail;
     if (paired && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, &ab, &err) < 0)
         goto fail;
     bench_probe_free(probe);

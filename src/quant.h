@@ -178,6 +178,8 @@ typedef struct quant_traits {
 
 /* Traits of a ggml type id, or NULL for an id ditto does not know at all. */
 const quant_traits *quant_traits_of(uint32_t type);
+/* F32, F16 and BF16: the float types, row-major with float activations (the router). */
+static inline bool quant_type_is_float(uint32_t type) { return type == QT_F32 || type == QT_F16 || type == QT_BF16; }
 /* Bytes of one row of k weights (k must be a multiple of blck). */
 size_t quant_row_bytes(uint32_t type, int64_t k);
 /* Bytes of one activation row of length k for a weight type. */

@@ -609,7 +609,7 @@ static void test_dispatch(void) {
             CHECK(cpu_quant_gemm(ALL_TYPES[i], CPU_AVX512) != cpu_quant_gemm(ALL_TYPES[i], CPU_AVX2),
                   "%s has an AVX-512 kernel", tr->name);
         /* every form but near-far has its own one-token float kernel at AVX-512, and only there */
-        const bool fl = ALL_TYPES[i] == QT_F32 || ALL_TYPES[i] == QT_F16 || ALL_TYPES[i] == QT_BF16;
+        const bool fl = quant_type_is_float(ALL_TYPES[i]);
         for (int lv = CPU_GENERIC; lv <= (int)g_max; lv++)
             for (int f = 0; f < CPU_STREAM_COUNT; f++) {
                 const bool own = fl && lv == CPU_AVX512 && f != CPU_STREAM_NEAR_FAR;

@@ -205,7 +205,7 @@ static const void *act_for(const act_set *a, const model_weight *w, size_t *byte
 static const uint8_t *job_weights(const cpu_state *st, const model_weight *w, int mat, int n_tok, int *unit_rows,
                                   size_t *unit_stride, const prep_weight **pw) {
     *pw = cpu_prepared_find(st->prep, w);
-    const bool fl = w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16;
+    const bool fl = quant_type_is_float(w->type);
     if (fl && n_tok <= GEMM_FINE_TOK)
         *unit_rows = (int)DT_MAX((size_t)1, DT_MIN((size_t)GEMM_UNIT, GEMM_UNIT_BYTES / w->row_bytes));
     else
@@ -1287,9 +1287,8 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
                   st->nth > 1 && solo_job_fits(hp);
     const int ff = o->cpu_float_form >= 0 ? o->cpu_float_form : st->stream; /* the float kernels' form */
     for (uint32_t t = 0; t < QT_COUNT; t++) {
-        const bool fl = t == QT_F32 || t == QT_F16 || t == QT_BF16;
         if (quant_traits_of(t) && quant_traits_of(t)->supported)
-            st->gemm[t] = cpu_quant_gemm_form(t, st->level, fl ? (enum cpu_stream)ff : (enum cpu_stream)st->stream);
+            st->gemm[t] = cpu_quant_gemm_form(t, st->level, (enum cpu_stream)(quant_type_is_float(t) ? ff : st->stream));
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
     }
     if (o->cpu_loads_only)

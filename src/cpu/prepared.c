@@ -124,7 +124,7 @@ static void put(cpu_prepared *cp, const model_weight *w, bool copy, size_t off, 
 /* Repacks w (a repack_supported type), or with copy set copies a float matrix as it is. */
 static void add(cpu_prepared *cp, const model_weight *w, bool copy) {
     if (!w->data || cpu_prepared_find(cp, w)) return;
-    if (copy ? !(w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) : !repack_supported(w->type)) return;
+    if (copy ? !quant_type_is_float(w->type) : !repack_supported(w->type)) return;
     put(cp, w, copy, cp->bytes, 0);
     const prep_weight *pw = &cp->items[cp->n - 1];
     cp->bytes += (pw->mat_bytes * (size_t)w->n_mat + 63) & ~(size_t)63;

@@ -479,25 +479,24 @@ AI void gemm_fl(const int type, const bool one1, const bool touch, const bool tw
     float *o[FL_TSUP];
 #define FL_CASE(NR, NT) \
     case (NR) * 16 + (NT): fl_rows(type, NR, NT, wr, row_bytes, xc, k, oc, c == 0 ? FL_PF_NEAR_FAR : FL_PF_NONE, false); break
-    if (n_tok == 1 && two) {
-        const float *const x1[1] = {(const float *)act};
-        const int h = (r1 - r0) / 2; /* rows r0 + i and r0 + h + i together; an odd last row alone */
-        for (int i = 0; i < h; i++) {
-            float pair[2];
-            float *const o1[1] = {pair};
-            fl_rows(type, 2, 1, (const uint8_t *)w + (size_t)(r0 + i) * row_bytes, (size_t)h * row_bytes, x1, k, o1,
-                    FL_PF_TWO_L1, false);
-            out[r0 + i] = pair[0], out[r0 + h + i] = pair[1];
-        }
-        if (r0 + 2 * h < r1) {
-            float *const o1[1] = {out + r1 - 1};
-            fl_rows(type, 1, 1, (const uint8_t *)w + (size_t)(r1 - 1) * row_bytes, row_bytes, x1, k, o1, FL_PF_TWO_L1,
-                    false);
-        }
-        return;
-    }
     if (n_tok == 1) {
         const float *const x1[1] = {(const float *)act};
+        if (two) {
+            const int h = (r1 - r0) / 2; /* rows r0 + i and r0 + h + i together; an odd last row alone */
+            for (int i = 0; i < h; i++) {
+                float pair[2];
+                float *const o1[1] = {pair};
+                fl_rows(type, 2, 1, (const uint8_t *)w + (size_t)(r0 + i) * row_bytes, (size_t)h * row_bytes, x1, k,
+                        o1, FL_PF_TWO_L1, false);
+                out[r0 + i] = pair[0], out[r0 + h + i] = pair[1];
+            }
+            if (r0 + 2 * h < r1) {
+                float *const o1[1] = {out + r1 - 1};
+                fl_rows(type, 1, 1, (const uint8_t *)w + (size_t)(r1 - 1) * row_bytes, row_bytes, x1, k, o1,
+                        FL_PF_TWO_L1, false);
+            }
+            return;
+        }
         for (int r = r0; r < r1;) {
             const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
             float *const o1[1] = {out + r};
