@@ -44,6 +44,11 @@ typedef struct backend_stage {
 typedef struct backend_ops {
     const char *name;
     int (*create)(void **state, model *m, kv_arena *kv, const backend_opts *o, ditto_err *err);
+    /* Applies o's run-time choices (the CPU's stream forms, requests ahead, claimed runs, solo step
+     * form, loads-only diagnostic) to a live state between forward calls; n_threads, max_rows,
+     * cpu_level and profile must be the created ones (else an error naming the field). Results stay
+     * bitwise the same (the loads-only diagnostic aside). */
+    int (*retune)(void *state, const backend_opts *o, ditto_err *err);
     /* Writes K/V for every row into kv, then one logits row of n_vocab floats per
      * want_logits row, in batch order. The batch is already validated. */
     /* solo: the batch is one decode row of a lone stream, run on the matrix-vector

@@ -857,7 +857,81 @@ typedef struct ab_args {
     bench_probe *probe;
     int plen, n, place, streams;
     bool trace; /* solo steps: both engines profiled, each step's stages printed and summed up per engine */
+    int switched; /* > 0: that many pairs on one engine, the options switched between its steps (switch_ab_run) */
 } ab_args;
+
+#define BENCH_SWITCH_MAX 2000 /* the most pairs of a switched A/B */
+
+/* n pairs of decode steps of S streams (S = 1: solo steps) on ONE engine whose run-time options
+ * (engine_retune) are switched between consecutive steps: A then B, B then A, ... with no probe
+ * pass, sleep or other engine between them, so both sides of a pair see the same moment of the
+ * machine and the same warm pool (opts_ab_run's solo pairs, with a probe pass and a quiesce around
+ * every step, scatter ±20% per pair on the Zen 5 host; back-to-back steps of one engine ±2–3%).
+ * Prints B against A: the per-pair rate ratio's median and quartiles and the ratio over all steps.
+ * The streams' tokens come from both sides in turn, so A's and B's logits are not compared here
+ * (the two-engine A/B and the tests do that); b_model: whether B runs the model at all. */
+static int switch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
+                         const char *b, bool b_model, int plen, int S, int n, ditto_err *err) {
+    DT_ASSERT(n >= 1 && n <= BENCH_SWITCH_MAX && S >= 1 && S <= 4096);
+    engine_opts o[2] = {*va, *vb};
+    for (int k = 0; k < 2; k++) {
+        o[k].max_streams = S, o[k].unify = false, o[k].profile = false;
+        o[k].max_rows = DT_MAX(o[k].max_rows, S); /* a step of S rows */
+    }
+    engine *e = NULL;
+    double *x = xmalloc(sizeof(double) * (size_t)n), sum[2] = {0, 0};
+    int32_t *tok = xmalloc(sizeof(int32_t) * 3 * (size_t)S), *pos = tok + S, *sl = tok + 2 * S;
+    uint8_t *want = xmalloc((size_t)S);
+    int rc = -1, held = 0;
+    memset(want, 1, (size_t)S);
+    if (engine_create(&e, m, &o[0], err)) goto done;
+    for (int s = 0; s < S; s++) {
+        uint64_t rng = 77 + (uint64_t)s;
+        sl[s] = kv_slot_acquire(e->kv);
+        DT_ASSERT(sl[s] >= 0);
+        held = s + 1;
+        pos[s] = plen;
+        if (prefill(e, sl[s], plen, &rng, &tok[s], err) < 0) goto done;
+    }
+    const int warm = 4; /* unmeasured steps first: the pool's threads and the weights' first touches */
+    for (int i = -warm; i < n; i++) {
+        double dt[2];
+        for (int kk = 0; kk < 2; kk++) {
+            const int k = (i & 1) ? 1 - kk : kk; /* ABBA: neither side always follows the other */
+            if (engine_retune(e, &o[k], err)) goto done;
+            engine_batch bt = {S, tok, pos, sl, want};
+            const double t0 = time_now();
+            if (engine_forward(e, &bt, err) < 0) goto done;
+            dt[k] = time_now() - t0;
+            for (int s = 0; s < S; s++) tok[s] = sampler_argmax(e->logits + (size_t)s * m->hp.n_vocab, m->hp.n_vocab), pos[s]++;
+        }
+        if (i < 0) continue;
+        sum[0] += dt[0], sum[1] += dt[1];
+        x[i] = dt[0] / dt[1];
+    }
+    const double med = median(x, n); /* sorts */
+    char steps[64];
+    if (S > 1) snprintf(steps, sizeof steps, "decode steps of a batch of %d streams", S);
+    else snprintf(steps, sizeof steps, "solo steps");
+    printf("\n%s, switched (%d pairs of %s on one engine, A %s and B %s, the options switched between consecutive"
+           " steps in alternating order, no probe between): per-pair rate ratio B / A, median %.3f (quartiles"
+           " %.3f–%.3f), over all steps %.3f; tok/s %.2f against %.2f; %s\n",
+           what, n, steps, a, b, med, x[n / 4], x[(3 * n) / 4], sum[0] / sum[1], S * n / sum[1], S * n / sum[0],
+           b_model ? "logits not compared here (the two-engine A/B compares them)" : "B's results are not the model's");
+    char dA[256];
+    if (engine_retune(e, &o[0], err)) goto done;
+    snprintf(dA, sizeof dA, "%s", e->be->describe(e->be_state));
+    if (engine_retune(e, &o[1], err)) goto done;
+    printf("A: %s; B: %s\n", dA, e->be->describe(e->be_state));
+    rc = 0;
+done:
+    for (int s = 0; s < held; s++) kv_slot_release(e->kv, sl[s]);
+    engine_free(e);
+    free(x);
+    free(tok);
+    free(want);
+    return rc;
+}
 
 /* ab->n solo steps of one stream with options va (A) and vb (B), paired as --forms pairs the
  * stream forms (with ab->streams > 1, batches of that many streams: batch_ab_run); what: the
@@ -865,6 +939,7 @@ typedef struct ab_args {
  * equal at every step where B runs the model (b_model). */
 static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
                        const char *b, bool b_model, const ab_args *ab, ditto_err *err) {
+    if (ab->switched) return switch_ab_run(m, va, vb, what, a, b, b_model, ab->plen, ab->streams, ab->switched, err);
     if (ab->streams > 1) return batch_ab_run(m, va, vb, ab->streams, what, a, b, b_model, ab->plen, ab->n, err);
     bench_probe *probe = ab->probe;
     const int plen = ab->plen, n = ab->n, place = ab->place;
@@ -933,8 +1008,11 @@ static int one_job_run(model *m, const engine_opts *base, int b_on, const ab_arg
 static int claim_runs_run(model *m, const engine_opts *base, int runs, const ab_args *ab, ditto_err *err) {
     engine_opts vb = *base;
     vb.cpu_claim_runs = runs;
-    char a[48], b[48];
-    snprintf(a, sizeof a, "runs of 1/%d of a segment", base->cpu_claim_runs > 0 ? base->cpu_claim_runs : CLAIM_RUNS);
+    char a[96], b[48];
+    const int solo_runs = cpu_stream_select(cpu_level_detect(), base->cpu_stream) == CPU_STREAM_TWO_L1 ? CLAIM_RUNS_TWO_L1_SOLO
+                                                                                                     : CLAIM_RUNS;
+    if (base->cpu_claim_runs > 0) snprintf(a, sizeof a, "runs of 1/%d of a segment", base->cpu_claim_runs);
+    else snprintf(a, sizeof a, "the default runs (1/%d of a segment in a solo step, 1/%d in a batch)", solo_runs, CLAIM_RUNS);
     snprintf(b, sizeof b, "runs of 1/%d", runs);
     return opts_ab_run(m, base, &vb, "claimed runs", a, b, true, ab, err);
 }
@@ -956,7 +1034,7 @@ int bench_cmd(int argc, char **argv) {
     bool unify = false, profile = false, trace = false, forms = false;
     bool loads_only_ab = false, loads_only = false;
     int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1, claim_runs_ab = -1,
-        float_form_ab = -1, ab_streams = 1;
+        float_form_ab = -1, ab_streams = 1, sw = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -986,6 +1064,8 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job)) return 2;
         } else if (!strcmp(a, "--one-job-ab") && has) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
+        } else if (!strcmp(a, "--switch") && has) {
+            if (cli_int("bench", a, argv[++i], 1, BENCH_SWITCH_MAX, &sw)) return 2;
         } else if (!strcmp(a, "--ab-streams") && has) {
             if (cli_int("bench", a, argv[++i], 1, 64, &ab_streams)) return 2;
         } else if (!strcmp(a, "--claim-runs-ab") && has) {
@@ -1007,9 +1087,18 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--ab-streams S] [--loads-only-ab] [--place near|far]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--ab-streams S] [--loads-only-ab] [--place near|far]] [--switch N (with a --*-ab option)] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
             return 2;
         }
+    }
+    const bool any_ab = ahead_ab >= 0 || form_ab >= 0 || loads_only_ab || one_job_ab >= 0 || float_form_ab >= 0 ||
+                        claim_runs_ab > 0;
+    if (sw && (!any_ab || place >= 0 || trace)) {
+        /* one engine's consecutive steps: no placement waits, no per-step probe or profile */
+        fprintf(stderr, "ditto bench: --switch %s\n",
+                !any_ab ? "needs an option A/B (--ahead-ab, --form-ab, --float-form-ab, --one-job-ab, --claim-runs-ab or --loads-only-ab)"
+                : place >= 0 ? "does not go with --place" : "does not go with --trace");
+        return 2;
     }
     if (ab_streams > 1 && (place >= 0 || float_form_ab >= 0)) {
         /* batches wait for no placement, and the float form changes one-token calls only */
@@ -1031,7 +1120,7 @@ int bench_cmd(int argc, char **argv) {
     engine_opts_default(&o);
     o.n_threads = threads;
     o.max_streams = max_s + (paired && max_s > 1); /* paired batches add a solo stream */
-    o.ctx = plen + DT_MAX(gen, paired) + 1;
+    o.ctx = plen + DT_MAX(gen, DT_MAX(paired, 2 * sw + 8)) + 1; /* a switched A/B: its pairs and warm-up steps */
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, chunk)); /* the prefill's rows per forward call */
     o.profile = profile;
     o.cpu_ahead = ahead;
@@ -1203,13 +1292,14 @@ int bench_cmd(int argc, char **argv) {
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
-    const ab_args ab = {probe, plen, paired, place, ab_streams, trace};
-    if (paired && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, &ab, &err) < 0) goto fail;
-    if (paired && form_ab >= 0 && form_run(m, &o, form_ab, false, &ab, &err) < 0) goto fail;
-    if (paired && loads_only_ab && loads_only_run(m, &o, &ab, &err) < 0) goto fail;
-    if (paired && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, &ab, &err) < 0) goto fail;
-    if (paired && float_form_ab >= 0 && form_run(m, &o, float_form_ab, true, &ab, &err) < 0) goto fail;
-    if (paired && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, &ab, &err) < 0)
+    const ab_args ab = {probe, plen, paired, place, ab_streams, trace, sw};
+    const bool run_ab = paired || sw;
+    if (run_ab && ahead_ab >= 0 && ahead_run(m, &o, ahead_ab, &ab, &err) < 0) goto fail;
+    if (run_ab && form_ab >= 0 && form_run(m, &o, form_ab, false, &ab, &err) < 0) goto fail;
+    if (run_ab && loads_only_ab && loads_only_run(m, &o, &ab, &err) < 0) goto fail;
+    if (run_ab && one_job_ab >= 0 && one_job_run(m, &o, one_job_ab, &ab, &err) < 0) goto fail;
+    if (run_ab && float_form_ab >= 0 && form_run(m, &o, float_form_ab, true, &ab, &err) < 0) goto fail;
+    if (run_ab && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, &ab, &err) < 0)
         goto fail;
     bench_probe_free(probe);
     engine_free(eu);

@@ -17,6 +17,19 @@ void engine_opts_default(engine_opts *o) {
     o->cpu_float_form = -1;
 }
 
+static backend_opts backend_opts_of(const engine_opts *o) {
+    return (backend_opts){.n_threads = o->n_threads,
+                          .max_rows = o->max_rows,
+                          .cpu_level = o->cpu_level,
+                          .cpu_stream = o->cpu_stream,
+                          .cpu_ahead = o->cpu_ahead,
+                          .cpu_one_job = o->cpu_one_job,
+                          .cpu_claim_runs = o->cpu_claim_runs,
+                          .cpu_float_form = o->cpu_float_form,
+                          .profile = o->profile,
+                          .cpu_loads_only = o->cpu_loads_only};
+}
+
 int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) {
     *out = NULL;
     if (o->ctx < 1 || o->ctx > (1 << 24)) return err_set(err, "ctx = %d (must be 1..16M)", o->ctx);
@@ -33,16 +46,7 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
         return -1;
     }
     e->be = &cpu_backend_ops;
-    const backend_opts bo = {.n_threads = o->n_threads,
-                             .max_rows = o->max_rows,
-                             .cpu_level = o->cpu_level,
-                             .cpu_stream = o->cpu_stream,
-                             .cpu_ahead = o->cpu_ahead,
-                             .cpu_one_job = o->cpu_one_job,
-                             .cpu_claim_runs = o->cpu_claim_runs,
-                             .cpu_float_form = o->cpu_float_form,
-                             .profile = o->profile,
-                             .cpu_loads_only = o->cpu_loads_only};
+    const backend_opts bo = backend_opts_of(o);
     if (e->be->create(&e->be_state, m, e->kv, &bo, err)) {
         kv_arena_free(e->kv);
         free(e);
@@ -51,6 +55,16 @@ int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err) 
     /* calloc: large blocks come as untouched zero pages */
     e->logits = xcalloc((size_t)o->max_rows * (size_t)m->hp.n_vocab, sizeof(float));
     *out = e;
+    return 0;
+}
+
+int engine_retune(engine *e, const engine_opts *o, ditto_err *err) {
+    if (o->max_streams != e->opts.max_streams)
+        return err_set(err, "streams = %d (the engine holds %d)", o->max_streams, e->opts.max_streams);
+    if (o->ctx != e->opts.ctx) return err_set(err, "ctx = %d (the engine holds %d)", o->ctx, e->opts.ctx);
+    const backend_opts bo = backend_opts_of(o);
+    if (e->be->retune(e->be_state, &bo, err)) return -1;
+    e->opts = *o;
     return 0;
 }
 

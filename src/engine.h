@@ -38,6 +38,9 @@ typedef struct engine {
 void engine_opts_default(engine_opts *o);
 /* Builds the arena (key: model, max_streams, geometry) and backend for m (not owned). */
 int engine_create(engine **out, model *m, const engine_opts *o, ditto_err *err);
+/* Applies o's run-time choices (unify, the backend's forms and tuning: backend_ops.retune) to a
+ * live engine between forward calls; the arena (max_streams, ctx) and the backend's shape stay. */
+int engine_retune(engine *e, const engine_opts *o, ditto_err *err);
 void engine_free(engine *e);
 
 /* Validates the batch (token ids, slots owned, each slot's rows at consecutive

@@ -235,16 +235,40 @@ int main(void) {
                                    ff_named ? ", float kernels near-far" : "B: cpu", NULL},
                   out, sizeof out),
           "--float-form-ab: its line, logits bitwise equal, B's float form named where it has one");
-    char head[160];
+    char head[200];
+    const int solo_runs =
+        cpu_stream_select(cpu_level_detect(), -1) == CPU_STREAM_TWO_L1 ? CLAIM_RUNS_TWO_L1_SOLO : CLAIM_RUNS;
     snprintf(head, sizeof head,
-             "claimed runs (3 decode steps of a batch of 10 streams, A runs of 1/%d of a segment and B runs of 1/1, ",
-             CLAIM_RUNS);
+             "claimed runs (3 decode steps of a batch of 10 streams, A the default runs (1/%d of a segment in a solo step,"
+             " 1/%d in a batch) and B runs of 1/1, ",
+             solo_runs, CLAIM_RUNS);
     /* 10 streams: more rows a step than the prompt's 8 (the run's max_rows) */
     CHECK(ab_line((char *[]){"--ab-streams", "10", "--claim-runs-ab", "1"}, 4, head,
                   (const char *[]){"per-step rate ratio B / A, median", "over all steps",
                                    "logits bitwise equal at every step: yes", "B: cpu", NULL},
                   out, sizeof out),
           "--ab-streams 10 --claim-runs-ab 1: a batch A/B line, logits bitwise equal");
+
+    /* --switch N: the A/B on one engine, its options switched between consecutive steps (solo, or a batch) */
+    CHECK(ab_line((char *[]){"--switch", "5", "--ahead-ab", "0"}, 4,
+                  "requests ahead, switched (5 pairs of solo steps on one engine, A with the default ",
+                  (const char *[]){"per-pair rate ratio B / A, median", "over all steps", "A: cpu", "; B: cpu", NULL},
+                  out, sizeof out),
+          "--switch 5 --ahead-ab 0: a switched solo A/B line, both engines' settings named");
+    CHECK(ab_line((char *[]){"--switch", "3", "--ab-streams", "10", "--claim-runs-ab", "1"}, 6,
+                  "claimed runs, switched (3 pairs of decode steps of a batch of 10 streams on one engine, ",
+                  (const char *[]){"per-pair rate ratio B / A, median", NULL}, out, sizeof out),
+          "--switch 3 --ab-streams 10 --claim-runs-ab 1: a switched batch A/B line");
+    char *bad_sw[][7] = {{"bench", "--switch", "0"},
+                         {"bench", "--switch", "2001"},
+                         {"bench", "--switch", "5"},
+                         {"bench", "--switch", "5", "--ahead-ab", "0", "--trace"},
+                         {"bench", "--switch", "5", "--ahead-ab", "0", "--place", "far"}};
+    const int bad_sw_n[] = {3, 3, 3, 6, 7};
+    for (int i = 0; i < 5; i++) {
+        rc = run_bench(bad_sw_n[i], bad_sw[i], out, sizeof out);
+        CHECK(rc == 2, "--switch case %d: exit %d, want 2", i, rc);
+    }
 
     char *bad[][3] = {{"bench", "--paired", "-1"}, {"bench", "--paired", "101"}, {"bench", "--paired", "x"},
                       {"bench", "--ahead", "-1"},  {"bench", "--ahead-ab", "x"}, {"bench", "--place", "middle"},

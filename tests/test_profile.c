@@ -3,7 +3,7 @@
  * its stage times fit inside the forward calls' wall time, the threads' spread at the end of
  * a stage's gemm work lies inside that stage's time (and only gemm stages have one), and
  * profiling never changes a logit bit. The loads-only diagnostic reads weights and computes
- * nothing. */
+ * nothing. An engine retuned between calls (engine_retune) keeps a stream's logits. */
 #include <string.h>
 
 #include "cpu/claim.h"
@@ -73,6 +73,36 @@ static void run_solo(engine *e, float *out) {
         memcpy(out + (size_t)step * V, e->logits, sizeof(float) * (size_t)V);
     }
     kv_slot_release(e->kv, slot);
+}
+
+/* run_solo on one engine retuned (engine_retune) to seq[i % n] before the prefill and before
+ * each decode step: forms, float forms, the solo step's form, claimed runs and requests ahead
+ * switched between the calls of one stream. */
+static void run_solo_retuned(engine *e, const engine_opts *seq, int n, float *out) {
+    int32_t tok[PROMPT], pos[PROMPT], sl[PROMPT];
+    uint8_t want[PROMPT];
+    const int V = e->m->hp.n_vocab, slot = kv_slot_acquire(e->kv);
+    for (int p = 0; p < PROMPT; p++) tok[p] = 100 + 3 * p, pos[p] = p, sl[p] = slot, want[p] = p == PROMPT - 1;
+    ditto_err err;
+    CHECK(engine_retune(e, &seq[0], &err) == 0, "retune before the prefill: %s", err.msg);
+    engine_batch b = {PROMPT, tok, pos, sl, want};
+    CHECK(engine_forward(e, &b, &err) == 1, "retuned prefill: %s", err.msg);
+    for (int step = 0; step < STEPS; step++) {
+        CHECK(engine_retune(e, &seq[(step + 1) % n], &err) == 0, "retune before step %d: %s", step, err.msg);
+        int32_t dt = (step * 31 + 5) % 1000, dp = PROMPT + step;
+        const uint8_t dw = 1;
+        engine_batch d = {1, &dt, &dp, &slot, &dw};
+        CHECK(engine_forward(e, &d, &err) == 1, "retuned decode step %d: %s", step, err.msg);
+        memcpy(out + (size_t)step * V, e->logits, sizeof(float) * (size_t)V);
+    }
+    kv_slot_release(e->kv, slot);
+}
+
+/* engine_retune with o refuses, naming the field (needle), and leaves e running. */
+static void expect_retune_refused(engine *e, const engine_opts *o, const char *needle, const char *what) {
+    ditto_err err;
+    const int rc = engine_retune(e, o, &err);
+    CHECK(rc != 0 && strstr(err.msg, needle), "retune with %s refused (rc %d: %s)", what, rc, rc ? err.msg : "");
 }
 
 int main(void) {
@@ -215,6 +245,52 @@ int main(void) {
     for (int i = 0; i < 2; i++) { /* the stream form's own bounds, the same */
         o.cpu_stream = bad_forms[i];
         expect_refused(m, &o, "stream form", "cpu_stream", bad_forms[i]);
+    }
+    /* engine_retune (ditto bench --switch): one engine switched between option sets from call to
+     * call gives a solo stream the logits of an engine left at the defaults (lg[0], the float-form
+     * loop's first run), bit for bit; a change of shape is refused by name and leaves it running */
+    o.cpu_stream = -1;
+    engine_opts seq[4] = {o, o, o, o};
+    seq[0].cpu_stream = CPU_STREAM_NEAR_FAR, seq[0].cpu_ahead = 0;
+    seq[1].cpu_stream = CPU_STREAM_PLAIN, seq[1].cpu_one_job = 1, seq[1].cpu_claim_runs = 1;
+    seq[2].cpu_stream = CPU_STREAM_TWO_L1, seq[2].cpu_float_form = CPU_STREAM_NEAR_FAR, seq[2].cpu_claim_runs = 3;
+    seq[3].cpu_stream = CPU_STREAM_TOUCH, seq[3].cpu_one_job = 0, seq[3].cpu_ahead = 1 << 20;
+    engine *er = NULL;
+    if (engine_create(&er, m, &o, &err)) CHECK(0, "engine to retune: %s", err.msg);
+    else {
+        run_solo_retuned(er, seq, 4, lg[1]);
+        CHECK(memcmp(lg[0], lg[1], sizeof(float) * ns) == 0, "retuned between calls: solo logits bitwise equal");
+        engine_opts bad = o;
+        bad.n_threads = 3;
+        expect_retune_refused(er, &bad, "threads", "another thread count");
+        bad = o, bad.max_streams = STREAMS + 1;
+        expect_retune_refused(er, &bad, "streams", "another stream count");
+        bad = o, bad.ctx = 64;
+        expect_retune_refused(er, &bad, "ctx", "another context cap");
+        bad = o, bad.max_rows = 7;
+        expect_retune_refused(er, &bad, "max rows", "another row count");
+        bad = o, bad.profile = true;
+        expect_retune_refused(er, &bad, "profile", "profiling");
+        bad = o, bad.cpu_stream = CPU_STREAM_COUNT;
+        expect_retune_refused(er, &bad, "stream form", "a stream form out of range");
+        bad = o, bad.cpu_claim_runs = 0;
+        expect_retune_refused(er, &bad, "claim runs", "claim runs 0");
+        run_solo_retuned(er, &o, 1, lg[1]); /* the refusals changed nothing */
+        CHECK(memcmp(lg[0], lg[1], sizeof(float) * ns) == 0, "after the refused retunes: solo logits bitwise equal");
+        /* a retune takes effect: the engine names the new form, and the loads-only diagnostic computes nothing */
+        if (cpu_level_detect() >= CPU_AVX2) {
+            CHECK(engine_retune(er, &seq[0], &err) == 0 && strstr(er->be->describe(er->be_state), "weight stream near-far"),
+                  "retuned to near-far: the backend says so (%s)", er->be->describe(er->be_state));
+            engine_opts lo = o;
+            lo.cpu_loads_only = true;
+            run_solo_retuned(er, &lo, 1, lg[1]);
+            size_t nz = 0;
+            for (size_t i = 0; i < ns; i++) nz += lg[1][i] != 0;
+            CHECK(nz == 0, "retuned to loads only: %zu nonzero logits of %zu", nz, ns);
+            run_solo_retuned(er, &o, 1, lg[1]);
+            CHECK(memcmp(lg[0], lg[1], sizeof(float) * ns) == 0, "retuned back from loads only: solo logits bitwise equal");
+        }
+        engine_free(er);
     }
     free(lg[0]);
     free(lg[1]);

@@ -20,6 +20,12 @@
  * many tokens) left the other threads idle at a stage's end: on 16 threads the expert stages of
  * a prefill spent a third of their time between the first thread done and the last. */
 #define CLAIM_RUNS 8
+/* The cap of a one-row step's runs on hosts whose one-token kernels stream in the two-l1 form
+ * (cpu/prefetch.h; the Zen 5 host): runs of up to half a segment, fewer and longer kernel calls.
+ * There the solo step read 1.011-1.016x against eighths (ditto bench --switch --claim-runs-ab 2,
+ * four runs of 200-300 pairs; quarters 1.008x, whole segments 1.004x): bench/cpu-speed.md,
+ * forty-eighth session. Batches and prefill keep CLAIM_RUNS (their units cost unevenly). */
+#define CLAIM_RUNS_TWO_L1_SOLO 2
 #define CLAIM_RUNS_MAX 1024 /* the largest claim_set.runs an option may set (engine option cpu_claim_runs) */
 
 /* One segment: its unclaimed [front, back) packed as front | back << 32 (one CAS claims

@@ -121,6 +121,7 @@ typedef struct cpu_state {
     /* the solo step as one pool job (solo_task): on, and each thread's copies of the rows every
      * thread computes whole (the norms' outputs, the routing) */
     bool one_job;
+    int runs_solo, runs_batch; /* claim_set.runs in steps of one row / of more (cpu_tune) */
     float *xn_t, *xr_t;                     /* [nth][n_embd]: the norms' outputs, x + the o projection */
     act_set *a_t;                           /* [nth]: one row of width n_embd, f32 = xn_t's */
     act_set *aat_t;                         /* [nth]: one row of width n_head * head_dim (f32 = att) */
@@ -256,35 +257,39 @@ static int job_form(const cpu_state *st, const gemm_job *j) {
     return j->fn_nx && j->n_tok == 1 ? st->stream : CPU_STREAM_NEAR_FAR;
 }
 
-/* Prefetches the start of a stream at p with `left` bytes to its end, read in stream form f,
- * so the kernel that starts there does not wait a full memory latency for its first lines: the
- * first CPU_FORM_DIST bytes into L1 and, where `far` (a stream that no earlier call of this
- * thread continues into), the lines up to CPU_FORM_FAR into L2 — the kernel's own requests run
- * that far ahead of it. */
-static void stream_prefetch(const char *p, size_t left, int f, bool far) {
+/* Prefetches the start of a stream at p with `left` bytes to its end, read in stream form f, that
+ * no earlier call of this thread streams on into (a run's first call), so the kernel that starts
+ * there does not wait a full memory latency for its first lines: the first CPU_FORM_DIST bytes into
+ * L1 and the lines up to CPU_FORM_FAR into L2 — the kernel's own requests run that far ahead of it.
+ * (Without it, on the Zen 5 host, the solo step read 0.998x: ditto bench --switch, forty-eighth
+ * session.) */
+static void stream_prefetch(const char *p, size_t left, int f) {
     const size_t n = DT_MIN((size_t)CPU_FORM_DIST(f), left);
     for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, CPU_PF_HINT);
-    if (far)
-        for (size_t o = n; o < DT_MIN((size_t)CPU_FORM_FAR(f), left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
+    for (size_t o = n; o < DT_MIN((size_t)CPU_FORM_FAR(f), left); o += 64) _mm_prefetch(p + o, CPU_PF_FAR_HINT);
 }
 
-/* The stream at p (left bytes to its end, form f) past the bytes stream_prefetch takes into L1,
- * up to CPU_FORM_SPAN of them: where the kernel before it keeps streaming once its own rows end. */
+/* The stream at p (left bytes to its end, form f), its first CPU_FORM_SPAN bytes: where the kernel
+ * before it keeps streaming once its own rows end, so the next call finds its first lines requested
+ * at the kernel's own lead. (Before, the thread requested the next call's first CPU_FORM_DIST bytes
+ * in one burst before each call and the kernel streamed on past them: on the Zen 5 host the burst's
+ * 64 back-to-back requests held the core ~2.5% of its time (perf), and without it the solo step
+ * read 1.009-1.013x, ditto bench --switch, three runs of 250-300 pairs: bench/cpu-speed.md,
+ * forty-eighth session.) */
 static void stream_next(const uint8_t *p, size_t left, int f, cpu_next *nx) {
-    const size_t off = (size_t)CPU_FORM_DIST(f);
     nx->n = 0;
-    if (off < left) {
-        nx->p[0] = p + off;
-        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(f), left - off);
+    if (left && CPU_FORM_SPAN(f)) {
+        nx->p[0] = p;
+        nx->len[0] = DT_MIN((size_t)CPU_FORM_SPAN(f), left);
         nx->n = 1;
     }
 }
 
 /* stream_prefetch / stream_next for job ji's weights from unit u on. */
-static void job_prefetch(const cpu_state *st, int u, int ji, bool far) {
+static void job_prefetch(const cpu_state *st, int u, int ji) {
     const gemm_job *j = &st->jobs[ji];
     stream_prefetch((const char *)j->w + (size_t)(u - st->job_unit0[ji]) * j->unit_stride,
-                    (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride, job_form(st, j), far);
+                    (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride, job_form(st, j));
 }
 static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
     const gemm_job *j = &st->jobs[ji];
@@ -294,10 +299,11 @@ static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
 
 /* Every work unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
  * its own segment of the units, then stealing). Each run is cut at job boundaries into
- * kernel calls; before each call the start of what most likely follows (the next job in the
- * run, or the units after an own-segment run) is prefetched, and a repacked kernel streams on
- * into it past its own rows (job_next); thread 0's last own call streams on into st->warm,
- * the inputs of the stage it runs next. Which thread computes a row never affects its bits. */
+ * kernel calls; a run's first call (the thread's first, or a stolen one) has its start
+ * prefetched, and each repacked kernel streams on past its own rows into what most likely
+ * follows (job_next: the next job in the run, or the units after an own-segment run); thread 0's
+ * last own call streams on into st->warm, the inputs of the stage it runs next. Which thread
+ * computes a row never affects its bits. */
 static void jobs_task(void *ctx, int ith, int nth) {
     cpu_state *st = ctx;
     (void)nth;
@@ -305,18 +311,16 @@ static void jobs_task(void *ctx, int ith, int nth) {
     bool own, first = true;
     const int end = claim_seg_end(&st->claim, ith);
     while (claim_next(&st->claim, ith, &a, &b, &own)) {
-        if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji), true);
+        if (first || !own) job_prefetch(st, a, ji = job_of(st, a, ji));
         first = false;
         for (int u = a; u < b;) {
             ji = job_of(st, u, ji);
             const gemm_job *j = &st->jobs[ji];
             int e = DT_MIN(b, st->job_unit0[ji + 1]);
             cpu_next nx = {0};
-            if (e < b || (own && e < end)) {
-                const int jn = job_of(st, e, ji);
-                job_prefetch(st, e, jn, false);
-                job_next(st, e, jn, &nx);
-            } else if (ith == 0 && own && e == end)
+            if (e < b || (own && e < end))
+                job_next(st, e, job_of(st, e, ji), &nx);
+            else if (ith == 0 && own && e == end)
                 nx = st->warm;
             int r0 = (u - st->job_unit0[ji]) * j->unit_rows, r1 = DT_MIN((e - st->job_unit0[ji]) * j->unit_rows, j->rows);
             if (j->fn_nx)
@@ -929,8 +933,8 @@ static void solo_job_set(const cpu_state *st, solo_job *j, const model_weight *w
 }
 
 /* stream_prefetch / stream_next for j's weights from unit k on. */
-static void solo_prefetch(const solo_job *j, int k, bool far) {
-    stream_prefetch((const char *)j->wp + (size_t)k * j->us, (size_t)(j->units - k) * j->us, j->form, far);
+static void solo_prefetch(const solo_job *j, int k) {
+    stream_prefetch((const char *)j->wp + (size_t)k * j->us, (size_t)(j->units - k) * j->us, j->form);
 }
 static void solo_next(const solo_job *j, int k, cpu_next *nx) {
     stream_next(j->wp + (size_t)k * j->us, (size_t)(j->units - k) * j->us, j->form, nx);
@@ -961,7 +965,7 @@ static void solo_gemm(cpu_state *st, const solo_job *jobs, int n, int ith) {
     while (claim_next(&st->claim, ith, &a, &b, &own)) {
         while (u0 > a) u0 -= jobs[--ji].units;
         while (a >= u0 + jobs[ji].units) u0 += jobs[ji++].units;
-        if (first || !own) solo_prefetch(&jobs[ji], a - u0, true);
+        if (first || !own) solo_prefetch(&jobs[ji], a - u0);
         first = false;
         for (int u = a; u < b;) {
             while (u >= u0 + jobs[ji].units) u0 += jobs[ji++].units;
@@ -971,7 +975,6 @@ static void solo_gemm(cpu_state *st, const solo_job *jobs, int n, int ith) {
             if (e < b || (own && e < end)) { /* what this thread reads next: unit e */
                 int jn = ji, v0 = u0;
                 while (e >= v0 + jobs[jn].units) v0 += jobs[jn++].units;
-                solo_prefetch(&jobs[jn], e - v0, false);
                 solo_next(&jobs[jn], e - v0, &nx);
             }
             solo_call(st, j, u - u0, e - u0, &nx);
@@ -1156,6 +1159,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     const model_hparams *hp = &m->hp;
     int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
     DT_ASSERT(n >= 1 && n <= st->max_rows);
+    st->claim.runs = n == 1 ? st->runs_solo : st->runs_batch; /* read at each claim_reset */
     if (solo && n == 1 && st->one_job) {
         solo_forward(st, b, logits);
         return;
@@ -1251,10 +1255,8 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
 
 /* ---- lifecycle ------------------------------------------------------------------- */
 
-static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *o, ditto_err *err) {
-    const model_hparams *hp = &m->hp;
-    if (o->n_threads < 1 || o->n_threads > 256) return err_set(err, "threads = %d (must be 1..256)", o->n_threads);
-    if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
+/* The checks of o's run-time choices (cpu_tune), each refusal naming its field. */
+static int cpu_tune_check(const backend_opts *o, ditto_err *err) {
     if (o->cpu_stream < -1 || o->cpu_stream >= CPU_STREAM_COUNT)
         return err_set(err, "cpu stream form = %d (must be -1..%d)", o->cpu_stream, CPU_STREAM_COUNT - 1);
     if (o->cpu_float_form < -1 || o->cpu_float_form >= CPU_STREAM_COUNT)
@@ -1264,29 +1266,26 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     if (o->cpu_ahead < -1 || o->cpu_ahead > (1L << 30))
         return err_set(err, "cpu ahead bytes = %ld (must be -1..2^30)", o->cpu_ahead);
     if (o->cpu_loads_only && cpu_level_hw() < CPU_AVX2) return err_set(err, "cpu loads-only diagnostic needs AVX2");
-    cpu_state *st = xcalloc(1, sizeof *st);
-    st->m = m;
+    return 0;
+}
+
+/* Applies o's run-time choices to st (checked by cpu_tune_check; st->level, nth and m set): the
+ * requests ahead, the one-token and float kernels' stream forms and their tables, the solo step's
+ * form, the claimed-run cap, the loads-only diagnostic, and the description naming them. None
+ * changes a result bit (the loads-only diagnostic aside, whose results are not the model's). */
+static void cpu_tune(cpu_state *st, const backend_opts *o) {
     st->ahead_bytes = o->cpu_ahead < 0 ? (size_t)CPU_AHEAD_BYTES : (size_t)o->cpu_ahead;
-    st->kv = kv;
-    st->nth = o->n_threads;
-    st->max_rows = o->max_rows;
-    st->profile = o->profile;
-    st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
-    st->prof_bar = xcalloc((size_t)SOLO_BARRIERS * st->nth, sizeof(double));
-    for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
-    st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     st->stream = (int)cpu_stream_select((enum cpu_level)st->level, o->cpu_stream);
     const bool forms = st->level >= CPU_AVX2 && cpu_level_hw() >= CPU_AVX2; /* kernels with a form */
-    unsigned ea, eb, ec, ed;
-    st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
     /* by default where the one-token kernels stream plain (Zen 4, where it was measured at two threads) and at
      * up to ONE_JOB_MAX_THREADS threads: its eight barriers a layer cost more as threads are added (on a 16-core
      * Xeon, forced, 1.005x the pool-job path at 8 threads, 0.960x at 16); elsewhere on request */
     st->one_job = (o->cpu_one_job > 0 ||
                    (o->cpu_one_job < 0 && cpu_stream_no_requests(st->stream) && st->nth <= ONE_JOB_MAX_THREADS)) &&
-                  st->nth > 1 && solo_job_fits(hp);
+                  st->nth > 1 && solo_job_fits(&st->m->hp);
     const int ff = o->cpu_float_form >= 0 ? o->cpu_float_form : st->stream; /* the float kernels' form */
     for (uint32_t t = 0; t < QT_COUNT; t++) {
+        st->gemm[t] = NULL, st->gemm_rp[t] = NULL;
         if (quant_traits_of(t) && quant_traits_of(t)->supported)
             st->gemm[t] = cpu_quant_gemm_form(t, st->level, (enum cpu_stream)(quant_type_is_float(t) ? ff : st->stream));
         if (repack_supported(t)) st->gemm_rp[t] = repack_gemm_next(t, st->level, st->stream);
@@ -1296,6 +1295,10 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
             if (st->gemm_rp[t]) st->gemm_rp[t] = st->stream == CPU_STREAM_TWO_L1 ? loads_only_rp_two : loads_only_rp;
             if (st->gemm[t]) st->gemm[t] = loads_only_rm;
         }
+    st->runs_batch = o->cpu_claim_runs > 0 ? o->cpu_claim_runs : CLAIM_RUNS;
+    st->runs_solo = o->cpu_claim_runs > 0                ? o->cpu_claim_runs
+                    : st->stream == CPU_STREAM_TWO_L1 ? CLAIM_RUNS_TWO_L1_SOLO
+                                                      : CLAIM_RUNS;
     /* the float kernels have forms at AVX-512 only (cpu_quant_gemm_form) */
     const bool ff_own = forms && st->level >= CPU_AVX512 && cpu_level_hw() >= CPU_AVX512 && ff != st->stream;
     snprintf(st->desc, sizeof st->desc, "cpu %s%s, %d thread%s%s%s%s%s%s%s", cpu_level_name(st->level),
@@ -1303,6 +1306,27 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
              forms ? ", weight stream " : "", forms ? cpu_stream_name(st->stream) : "",
              ff_own ? ", float kernels " : "", ff_own ? cpu_stream_name((enum cpu_stream)ff) : "",
              st->one_job ? ", solo step as one pool job" : "", o->cpu_loads_only ? ", gemm calls load only (diagnostic)" : "");
+}
+
+static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *o, ditto_err *err) {
+    const model_hparams *hp = &m->hp;
+    if (o->n_threads < 1 || o->n_threads > 256) return err_set(err, "threads = %d (must be 1..256)", o->n_threads);
+    if (o->max_rows < 1) return err_set(err, "max rows per step = %d (must be >= 1)", o->max_rows);
+    if (cpu_tune_check(o, err)) return -1;
+    cpu_state *st = xcalloc(1, sizeof *st);
+    st->m = m;
+    st->kv = kv;
+    st->nth = o->n_threads;
+    st->max_rows = o->max_rows;
+    st->profile = o->profile;
+    st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
+    st->prof_bar = xcalloc((size_t)SOLO_BARRIERS * st->nth, sizeof(double));
+    for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
+    st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
+    unsigned ea, eb, ec, ed;
+    st->prfchw = __get_cpuid(0x80000001u, &ea, &eb, &ec, &ed) && ((ec >> 8) & 1);
+    claim_init(&st->claim, st->nth);
+    cpu_tune(st, o);
     int R = o->max_rows, E = hp->n_embd, hd = hp->head_dim, H = hp->n_head * hd, HKV = hp->n_head_kv * hd;
     int ctx = kv->key.ctx, half = hd / 2;
     st->rope_cos = xmalloc(sizeof(float) * (size_t)ctx * half);
@@ -1348,7 +1372,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->exp_off = xcalloc((size_t)NE, sizeof(int));
     st->scratch_stride = (attn_scratch_floats(hp->n_head / hp->n_head_kv, ctx - 1, hd) + 15) & ~(size_t)15;
     st->scores = xaligned(sizeof(float) * (size_t)st->nth * st->scratch_stride);
-    if (st->one_job) { /* solo_task's per-thread copies */
+    if (st->nth > 1 && solo_job_fits(hp)) { /* solo_task's per-thread copies (cpu_tune may turn the form on later) */
         st->att_whole = (hp->n_head / hp->n_head_kv * hd) % QK_K == 0;
         st->xn_t = xaligned(sizeof(float) * (size_t)st->nth * E);
         st->xr_t = xaligned(sizeof(float) * (size_t)st->nth * E);
@@ -1368,10 +1392,23 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->swiglu = vec_swiglu_select(st->level);
     st->rmsnorm = vec_rmsnorm_select(st->level);
     st->pool = pool_create(st->nth);
-    claim_init(&st->claim, st->nth);
-    if (o->cpu_claim_runs > 0) st->claim.runs = o->cpu_claim_runs;
     st->prep = cpu_prepared_get(m, st->pool);
     *state = st;
+    return 0;
+}
+
+/* backend_ops.retune: o's run-time choices on a live state; the shape (threads, rows, kernel level,
+ * profiling) must be the one it was created with. */
+static int cpu_retune(void *state, const backend_opts *o, ditto_err *err) {
+    cpu_state *st = state;
+    if (o->n_threads != st->nth) return err_set(err, "threads = %d (the backend runs %d)", o->n_threads, st->nth);
+    if (o->max_rows != st->max_rows)
+        return err_set(err, "max rows per step = %d (the backend runs %d)", o->max_rows, st->max_rows);
+    if ((o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level) != st->level)
+        return err_set(err, "cpu level = %d (the backend runs %s)", o->cpu_level, cpu_level_name(st->level));
+    if (o->profile != st->profile) return err_set(err, "profile = %d (the backend was made with %d)", o->profile, st->profile);
+    if (cpu_tune_check(o, err)) return -1;
+    cpu_tune(st, o);
     return 0;
 }
 
@@ -1427,6 +1464,7 @@ static void cpu_destroy(void *state) {
 
 const backend_ops cpu_backend_ops = {.name = "cpu",
                                      .create = cpu_create,
+                                     .retune = cpu_retune,
                                      .forward = cpu_forward,
                                      .counters = cpu_counters,
                                      .profile = cpu_profile,
