@@ -74,8 +74,15 @@
  *     0.87-0.91), two tokens ~1.07x, four and six ~0.98x (so not above two); whole solo steps in
  *     one process 1.049x at one thread, 1.01-1.05x far at two, 1.00x near (bench/cpu-speed.md,
  *     forty-first session). The AVX2 kernels' loads are 256-bit already: they run plain. */
+/* CPU_PF2_DIST: two-l1's lead. 3.5 KiB, not 4: on the Zen 5 host the solo step read 1.036x, 1.013x and
+ * 1.013x with 3584 against 4096 (3840: 1.019x; 3072: 1.008x and 0.982x; 2048 0.931x, 5120 0.967x, 6144
+ * 0.978x, 8192 0.957x; a far request into L2 beside it, 16 or 32 KiB ahead, 0.78x and 0.74x), each a
+ * `ditto bench --switch 300` run of a second build of this file against the engine's (A/A 0.998-1.003):
+ * bench/cpu-speed.md, forty-eighth session. The kernel harness (bench/ab_kernel.sh) had found the
+ * distances alike. Perhaps because a request exactly 4 KiB ahead maps to the L1 set of the line being
+ * loaded (64 sets of 64 bytes); not measured. */
 #ifndef CPU_PF2_DIST
-#define CPU_PF2_DIST 4096
+#define CPU_PF2_DIST 3584
 #endif
 /* A form's near / far distances (bytes; 0 = no such request) and the longer of the two. */
 #define CPU_FORM_DIST(f) ((f) == CPU_STREAM_TWO_L1 ? CPU_PF2_DIST : cpu_stream_no_requests(f) ? 0 : CPU_PF_DIST)

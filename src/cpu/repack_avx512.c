@@ -33,7 +33,7 @@
  * q6k_one); in cache it runs 1.1-1.4x the chunk kernel's speed at T = 1 (bench/ab_kernel.sh).
  * The matrix is one sequential stream per group, software-prefetched CPU_PF_DIST bytes ahead into
  * L1 and CPU_PF_FAR into L2 (cpu/prefetch.h); at one token the host's stream form decides (the
- * CPU_STREAM_TWO_L1 form reads a call's groups as two lockstep halves, 4 KiB ahead into L1). */
+ * CPU_STREAM_TWO_L1 form reads a call's groups as two lockstep halves, CPU_PF2_DIST (3.5 KiB) ahead into L1). */
 #include <immintrin.h>
 #include <string.h>
 
