@@ -56,16 +56,20 @@ static void expect_refused(model *m, const engine_opts *o, const char *needle, c
 }
 
 /* One stream alone: its prompt, then STEPS one-row decode steps (the solo path, where the float
- * router's one-token kernels run); out: [STEPS][V]. */
-static void run_solo(engine *e, float *out) {
+ * router's one-token kernels run); out: [STEPS][V]. With n > 0 the engine is retuned
+ * (engine_retune) to seq[i % n] before the prefill and before each decode step: forms, float forms,
+ * the solo step's form, claimed runs and requests ahead switched between the calls of one stream. */
+static void run_solo_retuned(engine *e, const engine_opts *seq, int n, float *out) {
     int32_t tok[PROMPT], pos[PROMPT], sl[PROMPT];
     uint8_t want[PROMPT];
     const int V = e->m->hp.n_vocab, slot = kv_slot_acquire(e->kv);
     for (int p = 0; p < PROMPT; p++) tok[p] = 100 + 3 * p, pos[p] = p, sl[p] = slot, want[p] = p == PROMPT - 1;
     ditto_err err;
+    if (n) CHECK(engine_retune(e, &seq[0], &err) == 0, "retune before the prefill: %s", err.msg);
     engine_batch b = {PROMPT, tok, pos, sl, want};
     CHECK(engine_forward(e, &b, &err) == 1, "solo prefill: %s", err.msg);
     for (int step = 0; step < STEPS; step++) {
+        if (n) CHECK(engine_retune(e, &seq[(step + 1) % n], &err) == 0, "retune before step %d: %s", step, err.msg);
         int32_t dt = (step * 31 + 5) % 1000, dp = PROMPT + step;
         const uint8_t dw = 1;
         engine_batch d = {1, &dt, &dp, &slot, &dw};
@@ -74,29 +78,7 @@ static void run_solo(engine *e, float *out) {
     }
     kv_slot_release(e->kv, slot);
 }
-
-/* run_solo on one engine retuned (engine_retune) to seq[i % n] before the prefill and before
- * each decode step: forms, float forms, the solo step's form, claimed runs and requests ahead
- * switched between the calls of one stream. */
-static void run_solo_retuned(engine *e, const engine_opts *seq, int n, float *out) {
-    int32_t tok[PROMPT], pos[PROMPT], sl[PROMPT];
-    uint8_t want[PROMPT];
-    const int V = e->m->hp.n_vocab, slot = kv_slot_acquire(e->kv);
-    for (int p = 0; p < PROMPT; p++) tok[p] = 100 + 3 * p, pos[p] = p, sl[p] = slot, want[p] = p == PROMPT - 1;
-    ditto_err err;
-    CHECK(engine_retune(e, &seq[0], &err) == 0, "retune before the prefill: %s", err.msg);
-    engine_batch b = {PROMPT, tok, pos, sl, want};
-    CHECK(engine_forward(e, &b, &err) == 1, "retuned prefill: %s", err.msg);
-    for (int step = 0; step < STEPS; step++) {
-        CHECK(engine_retune(e, &seq[(step + 1) % n], &err) == 0, "retune before step %d: %s", step, err.msg);
-        int32_t dt = (step * 31 + 5) % 1000, dp = PROMPT + step;
-        const uint8_t dw = 1;
-        engine_batch d = {1, &dt, &dp, &slot, &dw};
-        CHECK(engine_forward(e, &d, &err) == 1, "retuned decode step %d: %s", step, err.msg);
-        memcpy(out + (size_t)step * V, e->logits, sizeof(float) * (size_t)V);
-    }
-    kv_slot_release(e->kv, slot);
-}
+static void run_solo(engine *e, float *out) { run_solo_retuned(e, NULL, 0, out); }
 
 /* engine_retune with o refuses, naming the field (needle), and leaves e running. */
 static void expect_retune_refused(engine *e, const engine_opts *o, const char *needle, const char *what) {
