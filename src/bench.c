@@ -221,6 +221,22 @@ typedef struct bench_row {
     backend_stage stage[BENCH_STAGES]; /* per decode step */
 } bench_row;
 
+/* Prefills n streams of plen random tokens, stream s from seed seed0 + s, each into a slot taken from
+ * e's arena: sl[s], its next token tok[s] and position pos[s] = plen. Each slot taken adds one to
+ * *held (the caller releases sl[0 .. *held), also when this fails). */
+static int streams_prefill(engine *e, int n, int plen, uint64_t seed0, int32_t *tok, int32_t *pos, int32_t *sl,
+                           int *held, ditto_err *err) {
+    for (int s = 0; s < n; s++) {
+        uint64_t rng = seed0 + (uint64_t)s;
+        sl[s] = kv_slot_acquire(e->kv);
+        DT_ASSERT(sl[s] >= 0);
+        ++*held;
+        pos[s] = plen;
+        if (prefill(e, sl[s], plen, &rng, &tok[s], err) < 0) return -1;
+    }
+    return 0;
+}
+
 /* S streams prefilled (untimed), then gen decode steps with all S rows. */
 static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_row *row, ditto_err *err) {
     int32_t tok[4096], pos[4096], sl[4096];
@@ -527,15 +543,11 @@ static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int 
     int held = 0, rc = -1;
     po->n_stages = 0;
     memset(po->stage, 0, sizeof po->stage);
-    for (int s = 0; s < N; s++) {
-        uint64_t rng = s == S ? 77 : 77 + (uint64_t)s; /* row 0 and the solo stream: one prompt */
-        sl[s] = kv_slot_acquire(e->kv);
-        DT_ASSERT(sl[s] >= 0);
-        held = s + 1;
-        pos[s] = plen;
-        want[s] = 1;
-        if (prefill(e, sl[s], plen, &rng, &tok[s], err) < 0) goto out;
-    }
+    memset(want, 1, (size_t)N);
+    /* row 0 and the solo stream (row S): one prompt */
+    if (streams_prefill(e, S, plen, 77, tok, pos, sl, &held, err) ||
+        streams_prefill(e, 1, plen, 77, tok + S, pos + S, sl + S, &held, err))
+        goto out;
     po->same = true;
     for (int i = 0; i < n; i++) {
         double gbs[2];
@@ -804,15 +816,9 @@ static int batch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, 
         engine_opts o = k ? *vb : *va;
         o.max_streams = S, o.unify = false, o.profile = false;
         o.max_rows = DT_MAX(o.max_rows, S); /* a step of S rows */
-        if (engine_create(&ea[k], m, &o, err)) goto done;
-        for (int s = 0; s < S; s++) {
-            uint64_t rng = 77 + (uint64_t)s;
-            sl[k * S + s] = kv_slot_acquire(ea[k]->kv);
-            DT_ASSERT(sl[k * S + s] >= 0);
-            held[k] = s + 1;
-            pos[k * S + s] = plen;
-            if (prefill(ea[k], sl[k * S + s], plen, &rng, &tok[k * S + s], err) < 0) goto done;
-        }
+        if (engine_create(&ea[k], m, &o, err) ||
+            streams_prefill(ea[k], S, plen, 77, tok + k * S, pos + k * S, sl + k * S, &held[k], err))
+            goto done;
     }
     for (int i = 0; i < n; i++) {
         double dt[2];
@@ -884,15 +890,7 @@ static int switch_ab_run(model *m, const engine_opts *va, const engine_opts *vb,
     uint8_t *want = xmalloc((size_t)S);
     int rc = -1, held = 0;
     memset(want, 1, (size_t)S);
-    if (engine_create(&e, m, &o[0], err)) goto done;
-    for (int s = 0; s < S; s++) {
-        uint64_t rng = 77 + (uint64_t)s;
-        sl[s] = kv_slot_acquire(e->kv);
-        DT_ASSERT(sl[s] >= 0);
-        held = s + 1;
-        pos[s] = plen;
-        if (prefill(e, sl[s], plen, &rng, &tok[s], err) < 0) goto done;
-    }
+    if (engine_create(&e, m, &o[0], err) || streams_prefill(e, S, plen, 77, tok, pos, sl, &held, err)) goto done;
     const int warm = 4; /* unmeasured steps first: the pool's threads and the weights' first touches */
     for (int i = -warm; i < n; i++) {
         double dt[2];

@@ -274,8 +274,9 @@ static void stream_prefetch(const char *p, size_t left, int f) {
  * at the kernel's own lead. (Before, the thread requested the next call's first CPU_FORM_DIST bytes
  * in one burst before each call and the kernel streamed on past them: on the Zen 5 host the burst's
  * 64 back-to-back requests held the core ~2.5% of its time (perf), and without it the solo step
- * read 1.009-1.013x, ditto bench --switch, three runs of 250-300 pairs: bench/cpu-speed.md,
- * forty-eighth session.) */
+ * read 1.009-1.013x, ditto bench --switch, three runs of 250-300 pairs, and a batch of 6 streams
+ * lost nothing: bench/cpu-speed.md, forty-eighth session. Not measured on a near-far host (Intel);
+ * plain and touch make no requests, so Zen 4 is unchanged.) */
 static void stream_next(const uint8_t *p, size_t left, int f, cpu_next *nx) {
     nx->n = 0;
     if (left && CPU_FORM_SPAN(f)) {
