@@ -41,6 +41,14 @@ typedef struct backend_stage {
     double ends; /* of seconds: from the first thread done with the stage's gemm work to the last */
 } backend_stage;
 
+/* Gemm kernel calls of one kind (e.g. "2 tokens"), summed over threads and forward calls. */
+typedef struct backend_calls {
+    const char *name;
+    double thread_seconds; /* inside the kernel calls, summed over the threads */
+    uint64_t weight_bytes; /* of the calls' rows, in the model's format */
+    uint64_t calls;
+} backend_calls;
+
 typedef struct backend_ops {
     const char *name;
     int (*create)(void **state, model *m, kv_arena *kv, const backend_opts *o, ditto_err *err);
@@ -59,6 +67,9 @@ typedef struct backend_ops {
     /* Copies up to cap per-stage totals (zero unless created with profile) into out;
      * returns the number of stages. */
     int (*profile)(void *state, backend_stage *out, int cap);
+    /* Copies up to cap kinds of gemm kernel call (zero unless created with profile) into out;
+     * returns the number of kinds. */
+    int (*calls)(void *state, backend_calls *out, int cap);
     /* Human-readable kernel choice, e.g. "cpu avx512, 2 threads". */
     const char *(*describe)(void *state);
     /* Human-readable memory the backend reads the model's weights from, into buf (cap bytes),

@@ -629,6 +629,22 @@ static void summary(const int *streams, int n_streams, int rows, int repeat, boo
     }
 }
 
+/* The gemm kernel calls made between two snapshots of the calls profile (backend_ops.calls), by kind:
+ * how fast each kind read its weights, per thread. */
+#define BENCH_CALL_KINDS 8
+static void print_calls(const backend_calls *c0, const backend_calls *c1, int n, const char *what) {
+    printf("\ngemm kernel calls %s, by tokens per call (thread time inside the calls, summed over threads)\n\n"
+           "| calls | count | weight MiB | KiB a call | thread ms | GB/s a thread |\n|---|---:|---:|---:|---:|---:|\n",
+           what);
+    for (int k = 0; k < n; k++) {
+        const double cnt = (double)(c1[k].calls - c0[k].calls), b = (double)(c1[k].weight_bytes - c0[k].weight_bytes);
+        const double ts = c1[k].thread_seconds - c0[k].thread_seconds;
+        if (cnt <= 0) continue;
+        printf("| %s | %.0f | %.1f | %.1f | %.1f | %.1f |\n", c1[k].name, cnt, b / 1048576.0, b / cnt / 1024.0, ts * 1e3,
+               ts > 0 ? b / ts / 1e9 : 0.0);
+    }
+}
+
 /* Per-stage table of the first repeat's rows: ms per step, and GB/s where a stage reads weights. */
 static void print_profile(const bench_row *rows, int n) {
     if (n < 1 || rows[0].n_stages < 1) return;
@@ -1194,6 +1210,8 @@ int bench_cmd(int argc, char **argv) {
      * run right before and right after it (one pass of each pattern): "% of adj." uses the larger. */
     printf("| streams | path | step ms | aggregate tok/s | per-stream tok/s | weight MiB/step | KV MiB/step | GB/s | %% of bw | adj. probe GB/s | %% of adj. |\n");
     printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    backend_calls cc0[BENCH_CALL_KINDS], cc1[BENCH_CALL_KINDS];
+    const int ncc = profile ? DT_MIN(e->be->calls(e->be_state, cc0, BENCH_CALL_KINDS), BENCH_CALL_KINDS) : 0;
     double agg[17][100], adj[17][100], prb[17][100]; /* [row][repeat] */
     static bench_row first[17];        /* the first repeat's rows, for the profile */
     int rows = 0;
@@ -1222,6 +1240,9 @@ int bench_cmd(int argc, char **argv) {
     }
     if (repeat > 1) summary(streams, n_streams, rows, repeat, unify, agg, adj, prb);
     if (profile) print_profile(first, rows);
+    if (ncc > 0 && e->be->calls(e->be_state, cc1, BENCH_CALL_KINDS) > 0)
+        print_calls(cc0, cc1, ncc, "in the rows above (their prompts' prefill too: the calls of over 8 tokens; the"
+                                     " unify row's engine aside)");
     if (paired) {
         engine *pe[2] = {e, eu};
         paired_out po;

@@ -146,6 +146,16 @@ int main(void) {
          l = strstr(l + 1, "\n| "))
         stage_rows++;
     CHECK(stage_rows == 15, "paired per-stage table: %d stage rows, want 15", stage_rows);
+    /* --profile: the rows' gemm kernel calls by kind; the solo row's one-token calls and the 2-stream
+     * row's two-token dense gemms, each counted with a positive rate */
+    const char *ct = strstr(out, "\ngemm kernel calls in the rows above");
+    double n1 = 0, g1 = 0, n2 = 0, g2 = 0, kib = 0;
+    const char *r1 = ct ? strstr(ct, "\n| 1 token, steps of one row | ") : NULL;
+    const char *r2 = ct ? strstr(ct, "\n| 2 tokens | ") : NULL;
+    if (r1) sscanf(r1, "\n| 1 token, steps of one row | %lf | %*f | %*f | %*f | %lf |", &n1, &g1);
+    if (r2) sscanf(r2, "\n| 2 tokens | %lf | %*f | %lf | %*f | %lf |", &n2, &kib, &g2);
+    CHECK(n1 > 0 && g1 > 0 && n2 > 0 && kib > 0 && g2 > 0, "calls table: one-row steps %g calls at %g GB/s, two tokens %g at %g",
+          n1, g1, n2, g2);
     const char *sum = ps ? strstr(ps, "\n| sum of stages | ") : NULL;
     double so = 0, ba = 0, xs = 0;
     if (sum) sscanf(sum, "\n| sum of stages | %lf | %lf | %lf |", &so, &ba, &xs);

@@ -2,7 +2,8 @@
  * default (all zero), on it accounts every weight byte of the step to the right stages,
  * its stage times fit inside the forward calls' wall time, the threads' spread at the end of
  * a stage's gemm work lies inside that stage's time (and only gemm stages have one), and
- * profiling never changes a logit bit. The loads-only diagnostic reads weights and computes
+ * profiling never changes a logit bit. The calls profile counts every gemm stage's weight byte in
+ * exactly one kind of kernel call, by tokens per call. The loads-only diagnostic reads weights and computes
  * nothing. An engine retuned between calls (engine_retune) keeps a stream's logits. */
 #include <string.h>
 
@@ -133,7 +134,22 @@ int main(void) {
                   st[i].seconds);
         }
         CHECK(named == ns, "every stage named");
+        /* the calls profile: the gemm stages' bytes (all but the embedding's), each in one kind */
+        backend_calls cc[8];
+        const int nc = e->be->calls(e->be_state, cc, 8);
+        CHECK(nc == 5, "%d kinds of call", nc);
+        uint64_t cb = 0, cn = 0, emb = 0;
+        double cs = 0;
+        for (int i = 0; i < ns; i++)
+            if (!strcmp(st[i].name, "embed")) emb = st[i].weight_bytes;
+        for (int k = 0; k < nc && k < 8; k++) {
+            CHECK(cc[k].name && cc[k].name[0], "kind %d named", k);
+            CHECK((cc[k].calls > 0) == (cc[k].weight_bytes > 0) && cc[k].thread_seconds >= 0, "%s: %llu calls, %llu bytes",
+                  cc[k].name, (unsigned long long)cc[k].calls, (unsigned long long)cc[k].weight_bytes);
+            cb += cc[k].weight_bytes, cn += cc[k].calls, cs += cc[k].thread_seconds;
+        }
         if (!prof) {
+            CHECK(cb == 0 && cn == 0 && cs == 0, "profile off: no calls counted (%llu, %g s)", (unsigned long long)cn, cs);
             CHECK(sum_s == 0 && sum_b == 0 && sum_e == 0 && timed == 0, "profile off: all zero (%g s, %g s, %llu bytes)",
                   sum_s, sum_e, (unsigned long long)sum_b);
         } else {
@@ -141,6 +157,13 @@ int main(void) {
             CHECK(sum_b == w1 - w0, "stage bytes %llu == weight bytes read %llu", (unsigned long long)sum_b,
                   (unsigned long long)(w1 - w0));
             CHECK(sum_s <= wall + 1e-6, "stage times %.6f s inside the forward calls' %.6f s", sum_s, wall);
+            CHECK(cb == sum_b - emb && emb > 0, "calls' bytes %llu == the gemm stages' %llu", (unsigned long long)cb,
+                  (unsigned long long)(sum_b - emb));
+            CHECK(cs > 0 && cs <= 2 * wall + 1e-6, "calls' thread time %.6f s within two threads' %.6f s", cs, wall);
+            /* a prefill of STREAMS * PROMPT rows (over 8 tokens a call), decode steps of STREAMS rows
+             * (their dense gemms three tokens a call), never a one-row step */
+            CHECK(cc[4].calls > 0 && cc[3].calls > 0 && cc[0].calls == 0, "kinds: over 8 %llu, 3-8 %llu, one-row %llu",
+                  (unsigned long long)cc[4].calls, (unsigned long long)cc[3].calls, (unsigned long long)cc[0].calls);
             /* weight bytes only where a stage reads weights: the gemm stages and the token
              * embeddings' */
             for (int i = 0; i < ns; i++) {

@@ -38,6 +38,12 @@ static const char *const cpu_stage_names[CS_COUNT] = {
     "o gemm", "residual + ffn norm", "router gemm", "routing top-k", "gate/up gemm (+ gather)",
     "swiglu", "down gemm", "combine", "out norm + output gemm"};
 
+/* Kinds of gemm kernel call, for the calls profile (cpu_calls): by tokens per call, the one-token
+ * calls split by whether their step had one row. */
+enum cpu_call_kind { CC_SOLO, CC_ONE, CC_TWO, CC_FEW, CC_MANY, CC_COUNT };
+static const char *const cpu_call_names[CC_COUNT] = {"1 token, steps of one row", "1 token, steps of more rows",
+                                                     "2 tokens", "3-8 tokens", "over 8 tokens"};
+
 typedef struct gemm_job {
     quant_gemm_fn fn;
     repack_gemm_next_fn fn_nx; /* the repacked kernel told what follows the call, or NULL */
@@ -51,6 +57,7 @@ typedef struct gemm_job {
     size_t out_stride;
     int unit_rows;      /* rows per work unit */
     size_t unit_stride; /* weight bytes from one unit to the next */
+    size_t w_row_bytes; /* a row's bytes in the model's format (what the calls profile counts) */
 } gemm_job;
 
 /* What one thread requests into its L2 while it waits in the pool (pool_run_idle): the first
@@ -135,6 +142,9 @@ typedef struct cpu_state {
     double prof_s[CS_COUNT];               /* seconds per stage, summed */
     uint64_t prof_b[CS_COUNT];             /* weight bytes per stage, summed */
     double *prof_fin;                      /* [nth] when each thread ran out of gemm units */
+    int step_rows;                         /* rows of the step running (the calls profile's kinds) */
+    double *call_s;                        /* [nth][CC_COUNT] kernel calls' seconds (profile) */
+    uint64_t *call_b, *call_n;             /* [nth][CC_COUNT] their weight bytes and count */
     double *prof_bar;                      /* [SOLO_BARRIERS][nth] when each thread reached solo_task's barrier b */
     double prof_ends;                      /* last - first thread done, since the last mark */
     double prof_e[CS_COUNT];               /* the same per stage, summed */
@@ -235,6 +245,7 @@ static void job_add(cpu_state *st, const model_weight *w, int mat, const void *a
         j->row_bytes = w->row_bytes;
     }
     j->rows = w->rows;
+    j->w_row_bytes = w->row_bytes;
     j->k = w->cols;
     j->act = act;
     j->act_bytes = act_bytes;
@@ -298,6 +309,16 @@ static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
                 (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride, job_form(st, j), nx);
 }
 
+/* Profile: thread ith's kernel call of n_tok tokens, `bytes` of weights (in the model's format),
+ * started at t0. */
+static void call_note(cpu_state *st, int ith, int n_tok, size_t bytes, double t0) {
+    const int k = n_tok == 1 ? (st->step_rows == 1 ? CC_SOLO : CC_ONE) : n_tok == 2 ? CC_TWO : n_tok <= 8 ? CC_FEW : CC_MANY;
+    const size_t i = (size_t)ith * CC_COUNT + (size_t)k;
+    st->call_s[i] += time_now() - t0;
+    st->call_b[i] += bytes;
+    st->call_n[i]++;
+}
+
 /* Every work unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
  * its own segment of the units, then stealing). Each run is cut at job boundaries into
  * kernel calls; a run's first call (the thread's first, or a stolen one) has its start
@@ -324,10 +345,12 @@ static void jobs_task(void *ctx, int ith, int nth) {
             else if (ith == 0 && own && e == end)
                 nx = st->warm;
             int r0 = (u - st->job_unit0[ji]) * j->unit_rows, r1 = DT_MIN((e - st->job_unit0[ji]) * j->unit_rows, j->rows);
+            const double t0 = st->profile ? time_now() : 0.0;
             if (j->fn_nx)
                 j->fn_nx(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride, &nx);
             else
                 j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
+            if (st->profile) call_note(st, ith, j->n_tok, (size_t)(r1 - r0) * j->w_row_bytes, t0);
             u = e;
         }
     }
@@ -942,15 +965,17 @@ static void solo_next(const solo_job *j, int k, cpu_next *nx) {
 }
 
 /* Units [k0, k1) of j, told what the thread reads next (nx). */
-static void solo_call(const cpu_state *st, const solo_job *j, int k0, int k1, const cpu_next *nx) {
+static void solo_call(cpu_state *st, int ith, const solo_job *j, int k0, int k1, const cpu_next *nx) {
     const model_weight *w = j->w;
     const int r0 = k0 * j->unit_rows, r1 = DT_MIN(k1 * j->unit_rows, j->rows);
     float *out = j->out + j->r0;
+    const double t0 = st->profile ? time_now() : 0.0;
     if (j->repacked)
         st->gemm_rp[w->type](j->wp, j->us / (size_t)(j->unit_rows / REPACK_ROWS), r0, r1, w->cols, j->act, j->ab, 1, out,
                              0, nx);
     else
         st->gemm[w->type](j->wp, w->row_bytes, r0, r1, w->cols, j->act, j->ab, 1, out, 0);
+    if (st->profile) call_note(st, ith, 1, (size_t)(r1 - r0) * w->row_bytes, t0);
 }
 
 /* Thread ith's part of a gemm stage over jobs[0..n) (every thread passes the same list): the
@@ -978,7 +1003,7 @@ static void solo_gemm(cpu_state *st, const solo_job *jobs, int n, int ith) {
                 while (e >= v0 + jobs[jn].units) v0 += jobs[jn++].units;
                 solo_next(&jobs[jn], e - v0, &nx);
             }
-            solo_call(st, j, u - u0, e - u0, &nx);
+            solo_call(st, ith, j, u - u0, e - u0, &nx);
             u = e;
         }
     }
@@ -1161,6 +1186,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
     DT_ASSERT(n >= 1 && n <= st->max_rows);
     st->claim.runs = n == 1 ? st->runs_solo : st->runs_batch; /* read at each claim_reset */
+    st->step_rows = n;
     if (solo && n == 1 && st->one_job) {
         solo_forward(st, b, logits);
         return;
@@ -1321,6 +1347,9 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->max_rows = o->max_rows;
     st->profile = o->profile;
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
+    st->call_s = xcalloc((size_t)st->nth * CC_COUNT, sizeof(double));
+    st->call_b = xcalloc((size_t)st->nth * CC_COUNT, sizeof(uint64_t));
+    st->call_n = xcalloc((size_t)st->nth * CC_COUNT, sizeof(uint64_t));
     st->prof_bar = xcalloc((size_t)SOLO_BARRIERS * st->nth, sizeof(double));
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
@@ -1426,6 +1455,20 @@ static int cpu_profile(void *state, backend_stage *out, int cap) {
     return CS_COUNT;
 }
 
+static int cpu_calls(void *state, backend_calls *out, int cap) {
+    const cpu_state *st = state;
+    for (int k = 0; k < CC_COUNT && k < cap; k++) {
+        out[k] = (backend_calls){cpu_call_names[k], 0.0, 0, 0};
+        for (int t = 0; t < st->nth; t++) {
+            const size_t i = (size_t)t * CC_COUNT + (size_t)k;
+            out[k].thread_seconds += st->call_s[i];
+            out[k].weight_bytes += st->call_b[i];
+            out[k].calls += st->call_n[i];
+        }
+    }
+    return CC_COUNT;
+}
+
 static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc; }
 
 static void cpu_memory(void *state, char *buf, size_t cap) {
@@ -1448,6 +1491,9 @@ static void cpu_destroy(void *state) {
     pool_free(st->pool);
     claim_free(&st->claim);
     free(st->prof_fin);
+    free(st->call_s);
+    free(st->call_b);
+    free(st->call_n);
     free(st->prof_bar);
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
@@ -1469,6 +1515,7 @@ const backend_ops cpu_backend_ops = {.name = "cpu",
                                      .forward = cpu_forward,
                                      .counters = cpu_counters,
                                      .profile = cpu_profile,
+                                     .calls = cpu_calls,
                                      .describe = cpu_describe,
                                      .memory = cpu_memory,
                                      .destroy = cpu_destroy};
