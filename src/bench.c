@@ -1290,12 +1290,15 @@ int bench_cmd(int argc, char **argv) {
                po.ratio_med, po.same ? "yes" : "NO");
         bool head = false;
         static paired_batch_out pbs[17];
+        static backend_calls pcc[17][2][BENCH_CALL_KINDS]; /* each S's calls profile before / after its pairs */
         int npb = 0, pb_streams[17];
         for (int i = 0; i < n_streams && !unify; i++) {
             if (streams[i] < 2) continue;
             paired_batch_out *pb = &pbs[npb];
+            if (ncc > 0) e->be->calls(e->be_state, pcc[npb][0], BENCH_CALL_KINDS);
             pb_streams[npb++] = streams[i];
             if (paired_batch_run(e, probe, streams[i], plen, paired, pb, &err) < 0) goto fail;
+            if (ncc > 0) e->be->calls(e->be_state, pcc[npb - 1][1], BENCH_CALL_KINDS);
             if (!head)
                 printf("\npaired batches (%d steps of one solo stream and of S streams in one batch, back to back in"
                        " alternating order, each pair followed by one probe pass; row 0 of the batch has the solo stream's"
@@ -1309,6 +1312,12 @@ int bench_cmd(int argc, char **argv) {
                    pb->x[2], pb->x_all, pb->same ? "yes" : "NO");
         }
         if (profile) print_paired_profile(pbs, pb_streams, npb, paired);
+        for (int i = 0; i < npb && ncc > 0; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "in the paired steps of one stream and of %d (their prompts' prefill too)",
+                     pb_streams[i]);
+            print_calls(pcc[i][0], pcc[i][1], ncc, what);
+        }
     }
     if (paired && forms && forms_run(m, &o, probe, plen, paired, trace, place, &err) < 0) goto fail;
     const ab_args ab = {probe, plen, paired, place, ab_streams, trace, sw};

@@ -156,6 +156,12 @@ int main(void) {
     if (r2) sscanf(r2, "\n| 2 tokens | %lf | %*f | %lf | %*f | %lf |", &n2, &kib, &g2);
     CHECK(n1 > 0 && g1 > 0 && n2 > 0 && kib > 0 && g2 > 0, "calls table: one-row steps %g calls at %g GB/s, two tokens %g at %g",
           n1, g1, n2, g2);
+    /* and the paired steps' calls, per batch size */
+    const char *pt = strstr(out, "\ngemm kernel calls in the paired steps of one stream and of 2 ");
+    const char *p2 = pt ? strstr(pt, "\n| 2 tokens | ") : NULL;
+    double pn2 = 0;
+    if (p2) sscanf(p2, "\n| 2 tokens | %lf |", &pn2);
+    CHECK(pn2 > 0, "paired calls table: %g two-token calls", pn2);
     const char *sum = ps ? strstr(ps, "\n| sum of stages | ") : NULL;
     double so = 0, ba = 0, xs = 0;
     if (sum) sscanf(sum, "\n| sum of stages | %lf | %lf | %lf |", &so, &ba, &xs);
