@@ -41,6 +41,8 @@ static const char *const cpu_stage_names[CS_COUNT] = {
 /* Kinds of gemm kernel call, for the calls profile (cpu_calls): by tokens per call, the one-token
  * calls split by whether their step had one row. */
 enum cpu_call_kind { CC_SOLO, CC_ONE, CC_TWO, CC_FEW, CC_MANY, CC_COUNT };
+#define CC_STRIDE 16 /* a thread's counters apart (8-byte ones): no two threads' on one cache line */
+_Static_assert(8 * CC_COUNT + 64 <= 8 * CC_STRIDE, "CC_STRIDE leaves a cache line between threads' counters");
 static const char *const cpu_call_names[CC_COUNT] = {"1 token, steps of one row", "1 token, steps of more rows",
                                                      "2 tokens", "3-8 tokens", "over 8 tokens"};
 
@@ -143,8 +145,8 @@ typedef struct cpu_state {
     uint64_t prof_b[CS_COUNT];             /* weight bytes per stage, summed */
     double *prof_fin;                      /* [nth] when each thread ran out of gemm units */
     int step_rows;                         /* rows of the step running (the calls profile's kinds) */
-    double *call_s;                        /* [nth][CC_COUNT] kernel calls' seconds (profile) */
-    uint64_t *call_b, *call_n;             /* [nth][CC_COUNT] their weight bytes and count */
+    double *call_s;                        /* [nth][CC_STRIDE] kernel calls' seconds by kind (profile) */
+    uint64_t *call_b, *call_n;             /* [nth][CC_STRIDE] their weight bytes and count */
     double *prof_bar;                      /* [SOLO_BARRIERS][nth] when each thread reached solo_task's barrier b */
     double prof_ends;                      /* last - first thread done, since the last mark */
     double prof_e[CS_COUNT];               /* the same per stage, summed */
@@ -313,7 +315,7 @@ static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
  * started at t0. */
 static void call_note(cpu_state *st, int ith, int n_tok, size_t bytes, double t0) {
     const int k = n_tok == 1 ? (st->step_rows == 1 ? CC_SOLO : CC_ONE) : n_tok == 2 ? CC_TWO : n_tok <= 8 ? CC_FEW : CC_MANY;
-    const size_t i = (size_t)ith * CC_COUNT + (size_t)k;
+    const size_t i = (size_t)ith * CC_STRIDE + (size_t)k;
     st->call_s[i] += time_now() - t0;
     st->call_b[i] += bytes;
     st->call_n[i]++;
@@ -1347,9 +1349,9 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->max_rows = o->max_rows;
     st->profile = o->profile;
     st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
-    st->call_s = xcalloc((size_t)st->nth * CC_COUNT, sizeof(double));
-    st->call_b = xcalloc((size_t)st->nth * CC_COUNT, sizeof(uint64_t));
-    st->call_n = xcalloc((size_t)st->nth * CC_COUNT, sizeof(uint64_t));
+    st->call_s = xcalloc((size_t)st->nth * CC_STRIDE, sizeof(double));
+    st->call_b = xcalloc((size_t)st->nth * CC_STRIDE, sizeof(uint64_t));
+    st->call_n = xcalloc((size_t)st->nth * CC_STRIDE, sizeof(uint64_t));
     st->prof_bar = xcalloc((size_t)SOLO_BARRIERS * st->nth, sizeof(double));
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
@@ -1460,7 +1462,7 @@ static int cpu_calls(void *state, backend_calls *out, int cap) {
     for (int k = 0; k < CC_COUNT && k < cap; k++) {
         out[k] = (backend_calls){cpu_call_names[k], 0.0, 0, 0};
         for (int t = 0; t < st->nth; t++) {
-            const size_t i = (size_t)t * CC_COUNT + (size_t)k;
+            const size_t i = (size_t)t * CC_STRIDE + (size_t)k;
             out[k].thread_seconds += st->call_s[i];
             out[k].weight_bytes += st->call_b[i];
             out[k].calls += st->call_n[i];
