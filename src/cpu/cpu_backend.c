@@ -12,6 +12,7 @@
 #include "backend.h"
 #include "cpu/attn.h"
 #include "cpu/claim.h"
+#include "cpu/cpu_prof.h"
 #include "cpu/cpu_quant.h"
 #include "cpu/prefetch.h"
 #include "cpu/prepared.h"
@@ -27,24 +28,6 @@
 #define ONE_JOB_MAX_THREADS 8 /* the one-job solo step's default reach (see cpu_create) */
 #define MAX_JOBS 1024
 #define SOLO_BARRIERS 9 /* solo_task: eight a layer, then one before the output head */
-
-/* Stages of a step, in order, for the optional profile. */
-enum cpu_stage {
-    CS_EMBED, CS_NORM, CS_QKV, CS_QK_ROPE, CS_ATTN, CS_ACT_ATT, CS_O, CS_FFN_IN, CS_ROUTER, CS_ROUTE,
-    CS_GATE_UP, CS_SWIGLU, CS_DOWN, CS_COMBINE, CS_OUTPUT, CS_COUNT
-};
-static const char *const cpu_stage_names[CS_COUNT] = {
-    "embed", "attn norm", "q/k/v gemm", "q/k norm, rope, kv store", "attention", "attn out quant",
-    "o gemm", "residual + ffn norm", "router gemm", "routing top-k", "gate/up gemm (+ gather)",
-    "swiglu", "down gemm", "combine", "out norm + output gemm"};
-
-/* Kinds of gemm kernel call, for the calls profile (cpu_calls): by tokens per call, the one-token
- * calls split by whether their step had one row. */
-enum cpu_call_kind { CC_SOLO, CC_ONE, CC_TWO, CC_FEW, CC_MANY, CC_COUNT };
-#define CC_STRIDE 16 /* a thread's counters apart (8-byte ones): no two threads' on one cache line */
-_Static_assert(8 * CC_COUNT + 64 <= 8 * CC_STRIDE, "CC_STRIDE leaves a cache line between threads' counters");
-static const char *const cpu_call_names[CC_COUNT] = {"1 token, steps of one row", "1 token, steps of more rows",
-                                                     "2 tokens", "3-8 tokens", "over 8 tokens"};
 
 typedef struct gemm_job {
     quant_gemm_fn fn;
@@ -138,39 +121,8 @@ typedef struct cpu_state {
     int32_t *sel_t;                         /* [nth][n_used] */
     float *selw_t;                          /* [nth][n_used] */
     uint64_t weight_bytes, kv_bytes; /* read so far (bench counters) */
-    bool profile;
-    double prof_t0;                        /* end of the last profiled stage */
-    uint64_t prof_b0;                      /* weight_bytes then */
-    double prof_s[CS_COUNT];               /* seconds per stage, summed */
-    uint64_t prof_b[CS_COUNT];             /* weight bytes per stage, summed */
-    double *prof_fin;                      /* [nth] when each thread ran out of gemm units */
-    int step_rows;                         /* rows of the step running (the calls profile's kinds) */
-    double *call_s;                        /* [nth][CC_STRIDE] kernel calls' seconds by kind (profile) */
-    uint64_t *call_b, *call_n;             /* [nth][CC_STRIDE] their weight bytes and count */
-    double *prof_bar;                      /* [SOLO_BARRIERS][nth] when each thread reached solo_task's barrier b */
-    double prof_ends;                      /* last - first thread done, since the last mark */
-    double prof_e[CS_COUNT];               /* the same per stage, summed */
+    cpu_prof prof; /* the optional step profile (backend_ops.profile, .calls) */
 } cpu_state;
-
-/* Adds the spread of t[0..n) (the last thread's time there minus the first's) to the ends of
- * the stage being timed. */
-static void prof_spread(cpu_state *st, const double *t, int n) {
-    double lo = t[0], hi = lo;
-    for (int i = 1; i < n; i++) lo = DT_MIN(lo, t[i]), hi = DT_MAX(hi, t[i]);
-    st->prof_ends += hi - lo;
-}
-
-/* Closes stage s (profile only): the time and weight bytes since the previous mark. */
-static void prof_mark(cpu_state *st, enum cpu_stage s) {
-    if (!st->profile) return;
-    double t = time_now();
-    st->prof_s[s] += t - st->prof_t0;
-    st->prof_b[s] += st->weight_bytes - st->prof_b0;
-    st->prof_e[s] += st->prof_ends;
-    st->prof_ends = 0;
-    st->prof_t0 = t;
-    st->prof_b0 = st->weight_bytes;
-}
 
 /* ---- activation sets ----------------------------------------------------------- */
 
@@ -311,16 +263,6 @@ static void job_next(const cpu_state *st, int u, int ji, cpu_next *nx) {
                 (size_t)(st->job_unit0[ji + 1] - u) * j->unit_stride, job_form(st, j), nx);
 }
 
-/* Profile: thread ith's kernel call of n_tok tokens, `bytes` of weights (in the model's format),
- * started at t0. */
-static void call_note(cpu_state *st, int ith, int n_tok, size_t bytes, double t0) {
-    const int k = n_tok == 1 ? (st->step_rows == 1 ? CC_SOLO : CC_ONE) : n_tok == 2 ? CC_TWO : n_tok <= 8 ? CC_FEW : CC_MANY;
-    const size_t i = (size_t)ith * CC_STRIDE + (size_t)k;
-    st->call_s[i] += time_now() - t0;
-    st->call_b[i] += bytes;
-    st->call_n[i]++;
-}
-
 /* Every work unit of every queued job, handed out by claim_next (cpu/claim.h: each thread
  * its own segment of the units, then stealing). Each run is cut at job boundaries into
  * kernel calls; a run's first call (the thread's first, or a stolen one) has its start
@@ -347,16 +289,16 @@ static void jobs_task(void *ctx, int ith, int nth) {
             else if (ith == 0 && own && e == end)
                 nx = st->warm;
             int r0 = (u - st->job_unit0[ji]) * j->unit_rows, r1 = DT_MIN((e - st->job_unit0[ji]) * j->unit_rows, j->rows);
-            const double t0 = st->profile ? time_now() : 0.0;
+            const double t0 = st->prof.on ? time_now() : 0.0;
             if (j->fn_nx)
                 j->fn_nx(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride, &nx);
             else
                 j->fn(j->w, j->row_bytes, r0, r1, j->k, j->act, j->act_bytes, j->n_tok, j->out, j->out_stride);
-            if (st->profile) call_note(st, ith, j->n_tok, (size_t)(r1 - r0) * j->w_row_bytes, t0);
+            if (st->prof.on) cpu_prof_call(&st->prof, ith, j->n_tok, (size_t)(r1 - r0) * j->w_row_bytes, t0);
             u = e;
         }
     }
-    if (st->profile) st->prof_fin[ith] = time_now();
+    if (st->prof.on) st->prof.fin[ith] = time_now();
 }
 
 /* ---- requests ahead: the next gemm stage's weights, while a thread waits ---------------- */
@@ -435,7 +377,7 @@ static void jobs_run(cpu_state *st) {
         jobs_task(st, 0, 1);
     else
         pool_go(st, jobs_task, st); /* pool_run publishes the claims and job_unit0 (release) */
-    if (st->profile && st->nth > 1) prof_spread(st, st->prof_fin, st->nth); /* pool_run's return orders the stores */
+    if (st->prof.on && st->nth > 1) cpu_prof_spread(&st->prof, st->prof.fin, st->nth); /* pool_run's return orders the stores */
     st->n_jobs = 0;
     st->warm.n = 0;
 }
@@ -742,12 +684,12 @@ static void ahead_after_down(cpu_state *st, const step_ctx *c) {
 /* Runs the queued gate/up jobs, then SwiGLU over their n_out output rows, quantized for w_down. */
 static void ffn_gate_up_swiglu(cpu_state *st, step_ctx *c, const model_weight *w_down, int n_out) {
     jobs_run(st);
-    prof_mark(st, CS_GATE_UP);
+    cpu_prof_mark(&st->prof, CS_GATE_UP, st->weight_bytes);
     c->w0 = w_down;
     c->w1 = c->w2 = NULL;
     c->n_out = n_out;
     run_items(st, swiglu_task, c, c->n_out, (long)c->n_out * st->ffn);
-    prof_mark(st, CS_SWIGLU);
+    cpu_prof_mark(&st->prof, CS_SWIGLU, st->weight_bytes);
 }
 
 /* Runs the queued down jobs, with what follows them planned (warm list, next stage's requests). */
@@ -755,7 +697,7 @@ static void ffn_down_run(cpu_state *st, step_ctx *c) {
     warm_after_down(st, c);
     ahead_after_down(st, c);
     jobs_run(st);
-    prof_mark(st, CS_DOWN);
+    cpu_prof_mark(&st->prof, CS_DOWN, st->weight_bytes);
 }
 
 static void ffn_moe(cpu_state *st, step_ctx *c, int n) {
@@ -924,10 +866,10 @@ static bool solo_job_fits(const model_hparams *hp) {
  * arrival times right after the barrier: none can store to slot k again before thread 0 reaches
  * the next barrier. */
 static void solo_barrier(cpu_state *st, int k, int ith) {
-    double *t = st->prof_bar + (size_t)k * st->nth;
-    if (st->profile) t[ith] = time_now();
+    double *t = st->prof.bar + (size_t)k * st->nth;
+    if (st->prof.on) t[ith] = time_now();
     pool_barrier(st->pool);
-    if (st->profile && ith == 0) prof_spread(st, t, st->nth);
+    if (st->prof.on && ith == 0) cpu_prof_spread(&st->prof, t, st->nth);
 }
 
 /* One matrix's rows [r0, r0 + rows) in a gemm stage of solo_task (one token): units of unit_rows
@@ -971,13 +913,13 @@ static void solo_call(cpu_state *st, int ith, const solo_job *j, int k0, int k1,
     const model_weight *w = j->w;
     const int r0 = k0 * j->unit_rows, r1 = DT_MIN(k1 * j->unit_rows, j->rows);
     float *out = j->out + j->r0;
-    const double t0 = st->profile ? time_now() : 0.0;
+    const double t0 = st->prof.on ? time_now() : 0.0;
     if (j->repacked)
         st->gemm_rp[w->type](j->wp, j->us / (size_t)(j->unit_rows / REPACK_ROWS), r0, r1, w->cols, j->act, j->ab, 1, out,
                              0, nx);
     else
         st->gemm[w->type](j->wp, w->row_bytes, r0, r1, w->cols, j->act, j->ab, 1, out, 0);
-    if (st->profile) call_note(st, ith, 1, (size_t)(r1 - r0) * w->row_bytes, t0);
+    if (st->prof.on) cpu_prof_call(&st->prof, ith, 1, (size_t)(r1 - r0) * w->row_bytes, t0);
 }
 
 /* Thread ith's part of a gemm stage over jobs[0..n) (every thread passes the same list): the
@@ -1047,7 +989,7 @@ static void solo_task(void *ctx, int ith, int nth) {
         const model_layer *L = &m->layers[l];
         st->rmsnorm(xn, st->x, L->attn_norm, E, hp->rms_eps);
         act_row(st, a, xn, 0, act_mask(&L->wq) | act_mask(&L->wk) | act_mask(&L->wv));
-        if (t0) prof_mark(st, CS_NORM);
+        if (t0) cpu_prof_mark(&st->prof, CS_NORM, st->weight_bytes);
         for (int h = 0; h < nkv; h++) {
             const void *act = act_for(a, &L->wq, &ab);
             solo_job_set(st, &jobs[3 * h], &L->wq, 0, act, ab, st->q, h * G * hd, G * hd);
@@ -1061,13 +1003,13 @@ static void solo_task(void *ctx, int ith, int nth) {
             st->weight_bytes += (uint64_t)L->wq.rows * L->wq.row_bytes + (uint64_t)L->wk.rows * L->wk.row_bytes +
                                 (uint64_t)L->wv.rows * L->wv.row_bytes;
         solo_barrier(st, 0, ith);
-        if (t0) prof_mark(st, CS_QKV);
+        if (t0) cpu_prof_mark(&st->prof, CS_QKV, st->weight_bytes);
         for (int h = h0; h < h1; h++) qk_item(st, l, c->b, 0, h);
-        if (t0) prof_mark(st, CS_QK_ROPE);
+        if (t0) cpu_prof_mark(&st->prof, CS_QK_ROPE, st->weight_bytes);
         for (int h = h0; h < h1; h++) attn_item(st, l, c->b, 0, h, 0, hp->n_head / nkv, scratch);
         if (t0) {
             st->kv_bytes += (uint64_t)(c->b->pos[0] + 1) * nkv * hd * 2 * sizeof(fp16_t);
-            prof_mark(st, CS_ATTN);
+            cpu_prof_mark(&st->prof, CS_ATTN, st->weight_bytes);
         }
         /* the attention output quantized: each thread its groups' blocks where a group is whole
          * blocks, else every thread all of it into its own copy, after the barrier */
@@ -1079,26 +1021,26 @@ static void solo_task(void *ctx, int ith, int nth) {
             act_row(st, &st->aat_t[ith], st->att, 0, act_mask(&L->wo));
             aa = &st->aat_t[ith];
         }
-        if (t0) prof_mark(st, CS_ACT_ATT);
+        if (t0) cpu_prof_mark(&st->prof, CS_ACT_ATT, st->weight_bytes);
         const void *act = act_for(aa, &L->wo, &ab);
         solo_job_set(st, &jobs[0], &L->wo, 0, act, ab, st->tmp, 0, E);
         solo_gemm(st, jobs, 1, ith);
         if (t0) st->weight_bytes += (uint64_t)L->wo.rows * L->wo.row_bytes;
         prefetch_l1(L->ffn_norm, sizeof(float) * (size_t)E);
         solo_barrier(st, 2, ith);
-        if (t0) prof_mark(st, CS_O);
+        if (t0) cpu_prof_mark(&st->prof, CS_O, st->weight_bytes);
         vec_sum(xr, st->x, st->tmp, E);
         st->rmsnorm(xn, xr, L->ffn_norm, E, hp->rms_eps);
         act_row(st, a, xn, 0, act_mask(&L->gate_exps) | act_mask(&L->up_exps) | act_mask(&L->gate_inp));
-        if (t0) prof_mark(st, CS_FFN_IN);
+        if (t0) cpu_prof_mark(&st->prof, CS_FFN_IN, st->weight_bytes);
         act = act_for(a, &L->gate_inp, &ab);
         solo_job_set(st, &jobs[0], &L->gate_inp, 0, act, ab, st->router, 0, hp->n_expert);
         solo_gemm(st, jobs, 1, ith);
         if (t0) st->weight_bytes += (uint64_t)L->gate_inp.rows * L->gate_inp.row_bytes;
         solo_barrier(st, 3, ith);
-        if (t0) prof_mark(st, CS_ROUTER);
+        if (t0) cpu_prof_mark(&st->prof, CS_ROUTER, st->weight_bytes);
         route_row(hp, st->router, sel, selw);
-        if (t0) prof_mark(st, CS_ROUTE);
+        if (t0) cpu_prof_mark(&st->prof, CS_ROUTE, st->weight_bytes);
         act = act_for(a, &L->gate_exps, &ab);
         for (int i = 0; i < K; i++) {
             solo_job_set(st, &jobs[2 * i], &L->gate_exps, sel[i], act, ab, st->g + (size_t)i * F, 0, F);
@@ -1107,21 +1049,21 @@ static void solo_task(void *ctx, int ith, int nth) {
         solo_gemm(st, jobs, 2 * K, ith);
         if (t0) st->weight_bytes += (uint64_t)K * F * (L->gate_exps.row_bytes + L->up_exps.row_bytes);
         solo_barrier(st, 4, ith);
-        if (t0) prof_mark(st, CS_GATE_UP);
+        if (t0) cpu_prof_mark(&st->prof, CS_GATE_UP, st->weight_bytes);
         for (int i = k0; i < k1; i++) {
             float *g = st->g + (size_t)i * F, *u = st->u + (size_t)i * F, *h = st->h + (size_t)i * F;
             st->swiglu(g, u, h, F);
             act_row(st, &st->a_ff, h, i, act_mask(&L->down_exps));
         }
         solo_barrier(st, 5, ith);
-        if (t0) prof_mark(st, CS_SWIGLU);
+        if (t0) cpu_prof_mark(&st->prof, CS_SWIGLU, st->weight_bytes);
         const uint8_t *hq = act_for(&st->a_ff, &L->down_exps, &ab);
         for (int i = 0; i < K; i++)
             solo_job_set(st, &jobs[i], &L->down_exps, sel[i], hq + (size_t)i * ab, ab, st->y + (size_t)i * E, 0, E);
         solo_gemm(st, jobs, K, ith);
         if (t0) st->weight_bytes += (uint64_t)K * E * L->down_exps.row_bytes;
         solo_barrier(st, 6, ith);
-        if (t0) prof_mark(st, CS_DOWN);
+        if (t0) cpu_prof_mark(&st->prof, CS_DOWN, st->weight_bytes);
         const float *y[K];
         for (int i = 0; i < K; i++) y[i] = st->y + (size_t)i * E + o0;
         memcpy(st->x + o0, xr + o0, sizeof(float) * (size_t)(o1 - o0));
@@ -1134,7 +1076,7 @@ static void solo_task(void *ctx, int ith, int nth) {
         } else
             prefetch_l1(m->output_norm, sizeof(float) * (size_t)E);
         solo_barrier(st, 7, ith);
-        if (t0) prof_mark(st, CS_COMBINE);
+        if (t0) cpu_prof_mark(&st->prof, CS_COMBINE, st->weight_bytes);
     }
     if (t0 && st->n_jobs) out_norm_task(&(step_ctx){.st = st, .b = c->b, .n_out = 1, .out_rows = (const int32_t[]){0},
                                                     .w0 = &m->output}, 0, 1);
@@ -1148,10 +1090,10 @@ static void solo_task(void *ctx, int ith, int nth) {
 static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
     const model *m = st->m;
     size_t ab;
-    if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
+    cpu_prof_start(&st->prof, st->weight_bytes);
     model_embed(m, b->token[0], st->x);
     st->weight_bytes += m->tok_embd.row_bytes;
-    prof_mark(st, CS_EMBED);
+    cpu_prof_mark(&st->prof, CS_EMBED, st->weight_bytes);
     const uint64_t wb = st->weight_bytes;
     st->n_jobs = 0;
     st->warm.n = 0;
@@ -1168,9 +1110,9 @@ static void solo_forward(cpu_state *st, const engine_batch *b, float *logits) {
     pool_run(st->pool, solo_task, &c);
     st->weight_bytes += out_bytes;
     st->n_jobs = 0;
-    if (st->profile) { /* pool_run's return orders the workers' prof_fin stores */
-        prof_spread(st, st->prof_fin, st->nth);
-        prof_mark(st, CS_OUTPUT);
+    if (st->prof.on) { /* pool_run's return orders the workers' prof_fin stores */
+        cpu_prof_spread(&st->prof, st->prof.fin, st->nth);
+        cpu_prof_mark(&st->prof, CS_OUTPUT, st->weight_bytes);
     }
 }
 
@@ -1188,15 +1130,15 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     int n = b->n, E = hp->n_embd, H = hp->n_head * hp->head_dim, HKV = hp->n_head_kv * hp->head_dim;
     DT_ASSERT(n >= 1 && n <= st->max_rows);
     st->claim.runs = n == 1 ? st->runs_solo : st->runs_batch; /* read at each claim_reset */
-    st->step_rows = n;
+    st->prof.step_rows = n;
     if (solo && n == 1 && st->one_job) {
         solo_forward(st, b, logits);
         return;
     }
-    if (st->profile) st->prof_t0 = time_now(), st->prof_b0 = st->weight_bytes;
+    cpu_prof_start(&st->prof, st->weight_bytes);
     for (int r = 0; r < n; r++) model_embed(m, b->token[r], st->x + (size_t)r * E);
     st->weight_bytes += (uint64_t)n * m->tok_embd.row_bytes;
-    prof_mark(st, CS_EMBED);
+    cpu_prof_mark(&st->prof, CS_EMBED, st->weight_bytes);
     step_ctx c = {.st = st, .b = b};
     size_t ab;
     for (int l = 0; l < hp->n_layer; l++) {
@@ -1205,7 +1147,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         c.norm = L->attn_norm;
         c.w0 = &L->wq, c.w1 = &L->wk, c.w2 = &L->wv;
         run_items(st, norm_task, &c, n, 2L * n * E); /* work: the norm and the quantization pass */
-        prof_mark(st, CS_NORM);
+        cpu_prof_mark(&st->prof, CS_NORM, st->weight_bytes);
         const void *act = act_for(&st->a_embd, &L->wq, &ab);
         job_add(st, &L->wq, 0, act, ab, n, st->q, (size_t)H);
         act = act_for(&st->a_embd, &L->wk, &ab);
@@ -1216,16 +1158,16 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         ahead_add(st, &L->wo, 0, n);
         ahead_finish(st);
         jobs_run(st);
-        prof_mark(st, CS_QKV);
+        cpu_prof_mark(&st->prof, CS_QKV, st->weight_bytes);
         /* work x4: the K/V stores go to arena lines that are cold at every step */
         run_items(st, qk_task, &c, (long)n * hp->n_head_kv, 4L * n * (H + HKV));
-        prof_mark(st, CS_QK_ROPE);
+        cpu_prof_mark(&st->prof, CS_QK_ROPE, st->weight_bytes);
         run_items(st, attn_task, &c, (long)n * hp->n_head_kv * attn_parts(st, b), attn_work(b, H));
-        prof_mark(st, CS_ATTN);
+        cpu_prof_mark(&st->prof, CS_ATTN, st->weight_bytes);
         for (int r = 0; r < n; r++) st->kv_bytes += (uint64_t)(b->pos[r] + 1) * HKV * 2 * sizeof(fp16_t);
         c.w0 = &L->wo, c.w1 = c.w2 = NULL;
         run_items(st, act_att_task, &c, n, (long)n * H);
-        prof_mark(st, CS_ACT_ATT);
+        cpu_prof_mark(&st->prof, CS_ACT_ATT, st->weight_bytes);
         act = act_for(&st->a_att, &L->wo, &ab);
         job_add(st, &L->wo, 0, act, ab, n, st->tmp, (size_t)E);
         warm_add(st, st->x, sizeof(float) * (size_t)n * (size_t)E); /* the residual + ffn norm's inputs */
@@ -1237,23 +1179,23 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
             ahead_add(st, &L->ffn_gate, 0, n), ahead_add(st, &L->ffn_up, 0, n);
         ahead_finish(st);
         jobs_run(st);
-        prof_mark(st, CS_O);
+        cpu_prof_mark(&st->prof, CS_O, st->weight_bytes);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) {
             c.w0 = &L->gate_exps, c.w1 = &L->up_exps, c.w2 = &L->gate_inp;
         } else {
             c.w0 = &L->ffn_gate, c.w1 = &L->ffn_up, c.w2 = NULL;
         }
         run_items(st, ffn_in_task, &c, n, (long)n * E * 2);
-        prof_mark(st, CS_FFN_IN);
+        cpu_prof_mark(&st->prof, CS_FFN_IN, st->weight_bytes);
         if (hp->arch == MODEL_ARCH_QWEN3MOE) { /* router: one gemm over all rows, then top-k */
             act = act_for(&st->a_embd, &L->gate_inp, &ab);
             job_add(st, &L->gate_inp, 0, act, ab, n, st->router, (size_t)hp->n_expert);
             ahead_start(st); /* the experts are not known before the routing */
             ahead_finish(st);
             jobs_run(st);
-            prof_mark(st, CS_ROUTER);
+            cpu_prof_mark(&st->prof, CS_ROUTER, st->weight_bytes);
             run_items(st, route_task, &c, n, (long)n * hp->n_expert * hp->n_expert_used);
-            prof_mark(st, CS_ROUTE);
+            cpu_prof_mark(&st->prof, CS_ROUTE, st->weight_bytes);
         }
         if (hp->arch == MODEL_ARCH_QWEN3MOE && solo)
             ffn_moe_solo(st, &c);
@@ -1262,7 +1204,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
         else
             ffn_dense(st, &c, n);
         run_items(st, combine_task, &c, n, (long)n * E * (hp->n_expert_used + 1));
-        prof_mark(st, CS_COMBINE);
+        cpu_prof_mark(&st->prof, CS_COMBINE, st->weight_bytes);
     }
     int32_t out_rows[st->max_rows];
     int n_out = 0;
@@ -1279,7 +1221,7 @@ static void cpu_forward(void *state, const engine_batch *b, bool solo, float *lo
     ahead_add_qkv(st, &m->layers[0], n);
     ahead_finish(st);
     jobs_run(st);
-    prof_mark(st, CS_OUTPUT);
+    cpu_prof_mark(&st->prof, CS_OUTPUT, st->weight_bytes);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------- */
@@ -1347,12 +1289,7 @@ static int cpu_create(void **state, model *m, kv_arena *kv, const backend_opts *
     st->kv = kv;
     st->nth = o->n_threads;
     st->max_rows = o->max_rows;
-    st->profile = o->profile;
-    st->prof_fin = xcalloc((size_t)st->nth, sizeof(double));
-    st->call_s = xcalloc((size_t)st->nth * CC_STRIDE, sizeof(double));
-    st->call_b = xcalloc((size_t)st->nth * CC_STRIDE, sizeof(uint64_t));
-    st->call_n = xcalloc((size_t)st->nth * CC_STRIDE, sizeof(uint64_t));
-    st->prof_bar = xcalloc((size_t)SOLO_BARRIERS * st->nth, sizeof(double));
+    cpu_prof_init(&st->prof, o->profile, st->nth, SOLO_BARRIERS);
     for (int i = 0; i < 2; i++) st->ahead[i] = xaligned(sizeof(ahead_thr) * (size_t)st->nth);
     st->level = o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level;
     unsigned ea, eb, ec, ed;
@@ -1438,7 +1375,7 @@ static int cpu_retune(void *state, const backend_opts *o, ditto_err *err) {
         return err_set(err, "max rows per step = %d (the backend runs %d)", o->max_rows, st->max_rows);
     if ((o->cpu_level < 0 ? (int)cpu_level_detect() : o->cpu_level) != st->level)
         return err_set(err, "cpu level = %d (the backend runs %s)", o->cpu_level, cpu_level_name(st->level));
-    if (o->profile != st->profile) return err_set(err, "profile = %d (the backend was made with %d)", o->profile, st->profile);
+    if (o->profile != st->prof.on) return err_set(err, "profile = %d (the backend was made with %d)", o->profile, st->prof.on);
     if (cpu_tune_check(o, err)) return -1;
     cpu_tune(st, o);
     return 0;
@@ -1451,24 +1388,11 @@ static void cpu_counters(void *state, uint64_t *weight_bytes, uint64_t *kv_bytes
 }
 
 static int cpu_profile(void *state, backend_stage *out, int cap) {
-    const cpu_state *st = state;
-    for (int i = 0; i < CS_COUNT && i < cap; i++)
-        out[i] = (backend_stage){cpu_stage_names[i], st->prof_s[i], st->prof_b[i], st->prof_e[i]};
-    return CS_COUNT;
+    return cpu_prof_stages(&((const cpu_state *)state)->prof, out, cap);
 }
 
 static int cpu_calls(void *state, backend_calls *out, int cap) {
-    const cpu_state *st = state;
-    for (int k = 0; k < CC_COUNT && k < cap; k++) {
-        out[k] = (backend_calls){cpu_call_names[k], 0.0, 0, 0};
-        for (int t = 0; t < st->nth; t++) {
-            const size_t i = (size_t)t * CC_STRIDE + (size_t)k;
-            out[k].thread_seconds += st->call_s[i];
-            out[k].weight_bytes += st->call_b[i];
-            out[k].calls += st->call_n[i];
-        }
-    }
-    return CC_COUNT;
+    return cpu_prof_calls(&((const cpu_state *)state)->prof, out, cap);
 }
 
 static const char *cpu_describe(void *state) { return ((cpu_state *)state)->desc; }
@@ -1492,11 +1416,7 @@ static void cpu_destroy(void *state) {
     if (!st) return;
     pool_free(st->pool);
     claim_free(&st->claim);
-    free(st->prof_fin);
-    free(st->call_s);
-    free(st->call_b);
-    free(st->call_n);
-    free(st->prof_bar);
+    cpu_prof_free(&st->prof);
     act_set_free(&st->a_embd);
     act_set_free(&st->a_att);
     act_set_free(&st->a_ff);
