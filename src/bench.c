@@ -237,6 +237,11 @@ static int streams_prefill(engine *e, int n, int plen, uint64_t seed0, int32_t *
     return 0;
 }
 
+/* Releases the slots sl[0 .. held) that streams_prefill took from e's arena. */
+static void streams_release(engine *e, const int32_t *sl, int held) {
+    for (int s = 0; s < held; s++) kv_slot_release(e->kv, sl[s]);
+}
+
 /* S streams prefilled (untimed), then gen decode steps with all S rows. */
 static int decode_run(engine *e, int S, int plen, int gen, uint64_t seed, bench_row *row, ditto_err *err) {
     int32_t tok[4096], pos[4096], sl[4096];
@@ -595,7 +600,7 @@ static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int 
     po->x_all = S * sum_dt[0] / sum_dt[1];
     rc = 0;
 out:
-    for (int s = 0; s < held; s++) kv_slot_release(e->kv, sl[s]);
+    streams_release(e, sl, held);
     free(tok);
     free(want);
     free(first);
@@ -863,7 +868,7 @@ static int batch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, 
     rc = 0;
 done:
     for (int k = 0; k < 2; k++) {
-        for (int s = 0; s < held[k]; s++) kv_slot_release(ea[k]->kv, sl[k * S + s]);
+        streams_release(ea[k], sl + k * S, held[k]); /* held[k] = 0 where ea[k] was not made */
         engine_free(ea[k]);
     }
     free(tok);
@@ -939,7 +944,7 @@ static int switch_ab_run(model *m, const engine_opts *va, const engine_opts *vb,
     printf("A: %s; B: %s\n", dA, e->be->describe(e->be_state));
     rc = 0;
 done:
-    for (int s = 0; s < held; s++) kv_slot_release(e->kv, sl[s]);
+    streams_release(e, sl, held);
     engine_free(e);
     free(x);
     free(tok);
