@@ -864,7 +864,10 @@ static int batch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, 
            what, n, S, a, b, med, x[n / 4], x[(3 * n) / 4], sum_dt[0] / sum_dt[1], S * n / sum_dt[1], S * n / sum_dt[0],
            !b_model ? "logits not compared (B's are not the model's)"
            : same ? "logits bitwise equal at every step: yes" : "logits bitwise equal at every step: NO");
-    printf("A: %s; B: %s\n", ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state));
+    printf("A: %s; B: %s; forward calls by path (prefill chunks included): A %llu on the solo path, %llu on the batched"
+           " path; B %llu on the solo path, %llu on the batched path\n",
+           ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state), (unsigned long long)ea[0]->n_solo,
+           (unsigned long long)ea[0]->n_batched, (unsigned long long)ea[1]->n_solo, (unsigned long long)ea[1]->n_batched);
     rc = 0;
 done:
     for (int k = 0; k < 2; k++) {
@@ -889,59 +892,72 @@ typedef struct ab_args {
 
 #define BENCH_SWITCH_MAX 2000 /* the most pairs of a switched A/B */
 
-/* n pairs of decode steps of S streams (S = 1: solo steps) on ONE engine whose run-time options
- * (engine_retune) are switched between consecutive steps: A then B, B then A, ... with no probe
- * pass, sleep or other engine between them, so both sides of a pair see the same moment of the
- * machine and the same warm pool (opts_ab_run's solo pairs, with a probe pass and a quiesce around
- * every step, scatter ±20% per pair on the Zen 5 host; back-to-back steps of one engine ±2–3%).
- * Prints B against A: the per-pair rate ratio's median and quartiles and the ratio over all steps.
- * The streams' tokens come from both sides in turn, so A's and B's logits are not compared here
- * (the two-engine A/B and the tests do that); b_model: whether B runs the model at all. */
+/* n pairs of decode steps on ONE engine whose run-time options (engine_retune) are switched between
+ * consecutive steps: A then B, B then A, ... with no probe pass, sleep or other engine between them,
+ * so both sides of a pair see the same moment of the machine and the same warm pool (opts_ab_run's
+ * solo pairs, with a probe pass and a quiesce around every step, scatter ±20% per pair on the Zen 5
+ * host; back-to-back steps of one engine ±2–3%). Side k steps a batch of sk[k] streams (1: solo
+ * steps): with equal sizes both sides step the same streams, in turn; with different ones (--batch-ab)
+ * each side its own. Prints B against A: the per-pair ratio of the aggregate rates (tokens a second
+ * over the batch's streams), its median and quartiles, and the ratio over all steps. A stream's tokens
+ * come from both sides in turn, so A's and B's logits are not compared here (the two-engine A/B and
+ * the tests do that); b_model: whether B runs the model at all. */
 static int switch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
-                         const char *b, bool b_model, int plen, int S, int n, ditto_err *err) {
-    DT_ASSERT(n >= 1 && n <= BENCH_SWITCH_MAX && S >= 1 && S <= 4096);
+                         const char *b, bool b_model, int plen, const int sk[2], int n, ditto_err *err) {
+    const bool shared = sk[0] == sk[1];
+    const int total = shared ? sk[0] : sk[0] + sk[1], off[2] = {0, shared ? 0 : sk[0]};
+    DT_ASSERT(n >= 1 && n <= BENCH_SWITCH_MAX && sk[0] >= 1 && sk[1] >= 1 && total <= 4096);
     engine_opts o[2] = {*va, *vb};
     for (int k = 0; k < 2; k++) {
-        o[k].max_streams = S, o[k].unify = false, o[k].profile = false;
-        o[k].max_rows = DT_MAX(o[k].max_rows, S); /* a step of S rows */
+        o[k].max_streams = total, o[k].profile = false; /* unify as given: --unify-ab switches it */
+        o[k].max_rows = DT_MAX(o[k].max_rows, DT_MAX(sk[0], sk[1])); /* a step of the larger batch */
     }
     engine *e = NULL;
     double *x = xmalloc(sizeof(double) * (size_t)n), sum[2] = {0, 0};
-    int32_t *tok = xmalloc(sizeof(int32_t) * 3 * (size_t)S), *pos = tok + S, *sl = tok + 2 * S;
-    uint8_t *want = xmalloc((size_t)S);
+    int32_t *tok = xmalloc(sizeof(int32_t) * 3 * (size_t)total), *pos = tok + total, *sl = tok + 2 * total;
+    uint8_t *want = xmalloc((size_t)total);
     int rc = -1, held = 0;
-    memset(want, 1, (size_t)S);
-    if (engine_create(&e, m, &o[0], err) || streams_prefill(e, S, plen, 77, tok, pos, sl, &held, err)) goto done;
+    memset(want, 1, (size_t)total);
+    if (engine_create(&e, m, &o[0], err) || streams_prefill(e, total, plen, 77, tok, pos, sl, &held, err)) goto done;
+    const uint64_t solo0 = e->n_solo, batched0 = e->n_batched; /* the prefill's calls aside */
     const int warm = 4; /* unmeasured steps first: the pool's threads and the weights' first touches */
     for (int i = -warm; i < n; i++) {
         double dt[2];
         for (int kk = 0; kk < 2; kk++) {
             const int k = (i & 1) ? 1 - kk : kk; /* ABBA: neither side always follows the other */
             if (engine_retune(e, &o[k], err)) goto done;
-            engine_batch bt = {S, tok, pos, sl, want};
+            const int f = off[k];
+            engine_batch bt = {sk[k], tok + f, pos + f, sl + f, want};
             const double t0 = time_now();
             if (engine_forward(e, &bt, err) < 0) goto done;
             dt[k] = time_now() - t0;
-            for (int s = 0; s < S; s++) tok[s] = sampler_argmax(e->logits + (size_t)s * m->hp.n_vocab, m->hp.n_vocab), pos[s]++;
+            for (int s = f; s < f + sk[k]; s++)
+                tok[s] = sampler_argmax(e->logits + (size_t)(s - f) * m->hp.n_vocab, m->hp.n_vocab), pos[s]++;
         }
         if (i < 0) continue;
-        sum[0] += dt[0], sum[1] += dt[1];
-        x[i] = dt[0] / dt[1];
+        sum[0] += dt[0] / sk[0], sum[1] += dt[1] / sk[1]; /* seconds a token */
+        x[i] = (dt[0] / sk[0]) / (dt[1] / sk[1]);
     }
     const double med = median(x, n); /* sorts */
-    char steps[64];
-    if (S > 1) snprintf(steps, sizeof steps, "decode steps of a batch of %d streams", S);
+    char steps[96];
+    if (!shared) snprintf(steps, sizeof steps, "decode steps, A of %d stream%s and B of %d", sk[0], sk[0] > 1 ? "s" : "", sk[1]);
+    else if (sk[0] > 1) snprintf(steps, sizeof steps, "decode steps of a batch of %d streams", sk[0]);
     else snprintf(steps, sizeof steps, "solo steps");
-    printf("\n%s, switched (%d pairs of %s on one engine, A %s and B %s, the options switched between consecutive"
-           " steps in alternating order, no probe between): per-pair rate ratio B / A, median %.3f (quartiles"
-           " %.3f–%.3f), over all steps %.3f; tok/s %.2f against %.2f; %s\n",
-           what, n, steps, a, b, med, x[n / 4], x[(3 * n) / 4], sum[0] / sum[1], S * n / sum[1], S * n / sum[0],
-           b_model ? "logits not compared here (the two-engine A/B compares them)" : "B's results are not the model's");
+    printf("\n%s, switched (%d pairs of %s on one engine, A %s and B %s, %s in alternating order, no probe between):"
+           " per-pair rate ratio B / A, median %.3f (quartiles %.3f–%.3f), over all steps %.3f; tok/s %.2f against %.2f;"
+           " %s\n",
+           what, n, steps, a, b, shared ? "the options switched between consecutive steps" : "the sides' steps back to back",
+           med, x[n / 4], x[(3 * n) / 4], sum[0] / sum[1], n / sum[1], n / sum[0],
+           !b_model ? "B's results are not the model's"
+           : shared ? "logits not compared here (the two-engine A/B compares them)"
+                    : "logits not compared here (the paired batches compare a batch's row 0 with a solo stream)");
     char dA[256];
     if (engine_retune(e, &o[0], err)) goto done;
     snprintf(dA, sizeof dA, "%s", e->be->describe(e->be_state));
     if (engine_retune(e, &o[1], err)) goto done;
-    printf("A: %s; B: %s\n", dA, e->be->describe(e->be_state));
+    printf("A: %s; B: %s; decode steps by path: %llu on the solo path, %llu on the batched path\n", dA,
+           e->be->describe(e->be_state), (unsigned long long)(e->n_solo - solo0),
+           (unsigned long long)(e->n_batched - batched0));
     rc = 0;
 done:
     streams_release(e, sl, held);
@@ -958,7 +974,9 @@ done:
  * equal at every step where B runs the model (b_model). */
 static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
                        const char *b, bool b_model, const ab_args *ab, ditto_err *err) {
-    if (ab->switched) return switch_ab_run(m, va, vb, what, a, b, b_model, ab->plen, ab->streams, ab->switched, err);
+    if (ab->switched)
+        return switch_ab_run(m, va, vb, what, a, b, b_model, ab->plen, (const int[2]){ab->streams, ab->streams},
+                             ab->switched, err);
     if (ab->streams > 1) return batch_ab_run(m, va, vb, ab->streams, what, a, b, b_model, ab->plen, ab->n, err);
     bench_probe *probe = ab->probe;
     const int plen = ab->plen, n = ab->n, place = ab->place;
@@ -966,7 +984,7 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     int rc = -1;
     for (int k = 0; k < 2; k++) {
         engine_opts o = k ? *vb : *va;
-        o.max_streams = 1, o.unify = false, o.profile = ab->trace;
+        o.max_streams = 1, o.profile = ab->trace; /* unify as given: --unify-ab pairs the paths */
         if (engine_create(&ea[k], m, &o, err)) goto done;
     }
     paired_out po;
@@ -980,7 +998,10 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
            !b_model ? "logits not compared (B's are not the model's)"
            : po.same ? "logits bitwise equal at every step: yes" : "logits bitwise equal at every step: NO");
     print_placement_ratio(&po);
-    printf("A: %s; B: %s\n", ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state));
+    printf("A: %s; B: %s; forward calls by path (prefill chunks included): A %llu on the solo path, %llu on the batched"
+           " path; B %llu on the solo path, %llu on the batched path\n",
+           ea[0]->be->describe(ea[0]->be_state), ea[1]->be->describe(ea[1]->be_state), (unsigned long long)ea[0]->n_solo,
+           (unsigned long long)ea[0]->n_batched, (unsigned long long)ea[1]->n_solo, (unsigned long long)ea[1]->n_batched);
     rc = 0;
 done:
     for (int k = 0; k < 2; k++) engine_free(ea[k]);
@@ -1047,13 +1068,37 @@ static int loads_only_run(model *m, const engine_opts *base, const ab_args *ab, 
                        ab, err);
 }
 
+/* --unify-ab: the solo path (matrix-vector, the one-job step where that is the host's form) against
+ * the batched path at one row (engine_opts.unify), the issue's "unify within 5%" goal. Paired on two
+ * engines it compares their logits step by step; switched (--switch N) on one engine it resolves
+ * ~0.5% where the two-engine pairing scatters ±5-15% per run. */
+static int unify_run(model *m, const engine_opts *base, const ab_args *ab, ditto_err *err) {
+    engine_opts va = *base, vb = *base;
+    va.unify = false;
+    vb.unify = true;
+    return opts_ab_run(m, &va, &vb, "unify", "on the solo path", "on the batched path (--unify)", true, ab, err);
+}
+
+/* --batch-ab S (with --switch N only): solo steps of one stream (A) against decode steps of a batch of
+ * S other streams (B) on one engine, back to back: the issue's "aggregate decode at 6 streams ≥ 1.6x
+ * the single-stream rate" as the ratio of the two aggregate rates, step pair by step pair. (The
+ * paired batches of --streams 1,S --paired N put a probe pass after every pair and scatter ±15%.) */
+static int batch_switch_run(model *m, const engine_opts *base, int S, const ab_args *ab, ditto_err *err) {
+    engine_opts v = *base;
+    v.unify = false;
+    char b[48];
+    snprintf(b, sizeof b, "a batch of %d streams", S);
+    return switch_ab_run(m, &v, &v, "aggregate decode rate", "one stream", b, true, ab->plen, (const int[2]){1, S},
+                         ab->switched, err);
+}
+
 int bench_cmd(int argc, char **argv) {
     const char *path = "models/tiny-qwen3moe-q4_k_m.gguf";
     int streams[16] = {1, 6, 16}, n_streams = 3, plen = 128, gen = 32, threads = cli_default_threads(256), repeat = 1, paired = 0;
     bool unify = false, profile = false, trace = false, forms = false;
-    bool loads_only_ab = false, loads_only = false;
+    bool loads_only_ab = false, loads_only = false, unify_ab = false;
     int ahead = -1, ahead_ab = -1, form_ab = -1, chunk = 512, place = -1, one_job = -1, one_job_ab = -1, claim_runs_ab = -1,
-        float_form_ab = -1, ab_streams = 1, sw = 0;
+        float_form_ab = -1, ab_streams = 1, sw = 0, batch_ab = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -1085,6 +1130,8 @@ int bench_cmd(int argc, char **argv) {
             if (cli_int("bench", a, argv[++i], 0, 1, &one_job_ab)) return 2;
         } else if (!strcmp(a, "--switch") && has) {
             if (cli_int("bench", a, argv[++i], 1, BENCH_SWITCH_MAX, &sw)) return 2;
+        } else if (!strcmp(a, "--batch-ab") && has) {
+            if (cli_int("bench", a, argv[++i], 2, 4095, &batch_ab)) return 2;
         } else if (!strcmp(a, "--ab-streams") && has) {
             if (cli_int("bench", a, argv[++i], 1, 64, &ab_streams)) return 2;
         } else if (!strcmp(a, "--claim-runs-ab") && has) {
@@ -1098,6 +1145,7 @@ int bench_cmd(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--loads-only-ab")) loads_only_ab = true;
+        else if (!strcmp(a, "--unify-ab")) unify_ab = true;
         else if (!strcmp(a, "--loads-only")) loads_only = true;
         else if (!strcmp(a, "--unify")) unify = true;
         else if (!strcmp(a, "--profile")) profile = true;
@@ -1106,23 +1154,33 @@ int bench_cmd(int argc, char **argv) {
         else if (!strcmp(a, "--place") && has && (!strcmp(argv[i + 1], "near") || !strcmp(argv[i + 1], "far")))
             place = !strcmp(argv[++i], "far");
         else {
-            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--ab-streams S] [--loads-only-ab] [--place near|far]] [--switch N (with a --*-ab option)] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
+            fprintf(stderr, "usage: ditto bench -m FILE [--streams 1,6,16] [--prompt-len P] [--gen-len G] [--threads T=NCPU] [--unify] [--repeat R] [--prefill-chunk C=512] [--paired N [--trace] [--forms] [--ahead-ab B] [--form-ab F] [--one-job-ab 0|1] [--claim-runs-ab R] [--float-form-ab F] [--ab-streams S] [--loads-only-ab] [--unify-ab] [--place near|far]] [--switch N (with a --*-ab option) [--batch-ab S]] [--ahead B] [--one-job 0|1] [--loads-only] [--profile]\n");
             return 2;
         }
     }
     const bool any_ab = ahead_ab >= 0 || form_ab >= 0 || loads_only_ab || one_job_ab >= 0 || float_form_ab >= 0 ||
-                        claim_runs_ab > 0;
+                        claim_runs_ab > 0 || unify_ab || batch_ab;
     if (sw && (!any_ab || place >= 0 || trace)) {
         /* one engine's consecutive steps: no placement waits, no per-step probe or profile */
         fprintf(stderr, "ditto bench: --switch %s\n",
-                !any_ab ? "needs an option A/B (--ahead-ab, --form-ab, --float-form-ab, --one-job-ab, --claim-runs-ab or --loads-only-ab)"
+                !any_ab ? "needs an option A/B (--ahead-ab, --form-ab, --float-form-ab, --one-job-ab, --claim-runs-ab, --loads-only-ab, --unify-ab or --batch-ab)"
                 : place >= 0 ? "does not go with --place" : "does not go with --trace");
         return 2;
     }
-    if (ab_streams > 1 && (place >= 0 || float_form_ab >= 0)) {
-        /* batches wait for no placement, and the float form changes one-token calls only */
+    if (batch_ab && (!sw || ab_streams > 1)) {
+        /* one engine's steps of one stream and of S; paired on two engines: --streams 1,S --paired N */
+        fprintf(stderr, "ditto bench: --batch-ab %s\n",
+                !sw ? "needs --switch N (the paired batches with a probe pass: --streams 1,S --paired N)"
+                    : "does not go with --ab-streams (its A is one stream, its B the batch)");
+        return 2;
+    }
+    if (ab_streams > 1 && (place >= 0 || float_form_ab >= 0 || unify_ab)) {
+        /* batches wait for no placement, the float form changes one-token calls only, and a batch
+         * takes the batched path either way */
         fprintf(stderr, "ditto bench: --ab-streams above 1 does not go with %s\n",
-                place >= 0 ? "--place" : "--float-form-ab (a batch's router calls carry every row)");
+                place >= 0 ? "--place"
+                : unify_ab ? "--unify-ab (a batch of several rows takes the batched path either way)"
+                           : "--float-form-ab (a batch's router calls carry every row)");
         return 2;
     }
     int max_s = 1;
@@ -1154,7 +1212,9 @@ int bench_cmd(int argc, char **argv) {
     }
     o.unify = true;
     o.max_streams = 1;
-    if (engine_create(&eu, m, &o, &err)) {
+    const int err_eu = engine_create(&eu, m, &o, &err);
+    o.unify = false; /* the A/B runs below start from the run's options, each path as it names */
+    if (err_eu) {
         fprintf(stderr, "ditto: %s\n", err.msg);
         engine_free(e);
         model_free(m);
@@ -1334,6 +1394,8 @@ int bench_cmd(int argc, char **argv) {
     if (run_ab && float_form_ab >= 0 && form_run(m, &o, float_form_ab, true, &ab, &err) < 0) goto fail;
     if (run_ab && claim_runs_ab > 0 && claim_runs_run(m, &o, claim_runs_ab, &ab, &err) < 0)
         goto fail;
+    if (run_ab && unify_ab && unify_run(m, &o, &ab, &err) < 0) goto fail;
+    if (run_ab && batch_ab && batch_switch_run(m, &o, batch_ab, &ab, &err) < 0) goto fail;
     bench_probe_free(probe);
     engine_free(eu);
     engine_free(e);

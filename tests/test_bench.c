@@ -4,7 +4,8 @@
  * a solo stream and row 0 of a 2-stream batch with its prompt (with --profile, the batch's
  * aggregate ratio over all steps and its per-stage table beside the solo stream's), and
  * (--forms) the one-token kernels' two weight stream forms, (--form-ab) one form against this host's,
- * (--loads-only-ab) the step against its gemm calls loading only; bad arguments are refused.
+ * (--loads-only-ab) the step against its gemm calls loading only, (--unify-ab) the solo path against the
+ * batched path at one row; bad arguments are refused.
  * Timings are printed, never asserted. */
 #include <stdio.h>
 #include <string.h>
@@ -275,13 +276,36 @@ int main(void) {
                   "claimed runs, switched (3 pairs of decode steps of a batch of 10 streams on one engine, ",
                   (const char *[]){"per-pair rate ratio B / A, median", NULL}, out, sizeof out),
           "--switch 3 --ab-streams 10 --claim-runs-ab 1: a switched batch A/B line");
+    /* --unify-ab: the solo path against the batched path at one row. Paired on two engines their logits
+     * are bitwise equal at every step, and B never takes the solo path; switched on one engine, the
+     * decode steps split evenly between the paths (3 pairs and 4 warm-up pairs). */
+    CHECK(ab_line((char *[]){"--unify-ab"}, 1,
+                  "unify (3 solo steps, A on the solo path and B on the batched path (--unify), ",
+                  (const char *[]){"logits bitwise equal at every step: yes", "; B 0 on the solo path, ", NULL}, out,
+                  sizeof out),
+          "--unify-ab: its line, the paths' logits bitwise equal, B on the batched path only");
+    CHECK(ab_line((char *[]){"--switch", "3", "--unify-ab"}, 3,
+                  "unify, switched (3 pairs of solo steps on one engine, A on the solo path and B on the batched path",
+                  (const char *[]){"decode steps by path: 7 on the solo path, 7 on the batched path\n", NULL}, out,
+                  sizeof out),
+          "--switch 3 --unify-ab: a switched line, the decode steps split evenly between the paths");
+    /* --batch-ab S (switched only): solo steps of one stream against steps of a batch of S others */
+    CHECK(ab_line((char *[]){"--switch", "3", "--batch-ab", "2"}, 4,
+                  "aggregate decode rate, switched (3 pairs of decode steps, A of 1 stream and B of 2 on one engine, ",
+                  (const char *[]){"per-pair rate ratio B / A, median",
+                                   "decode steps by path: 7 on the solo path, 7 on the batched path\n", NULL},
+                  out, sizeof out),
+          "--switch 3 --batch-ab 2: its line, one side on each path");
     char *bad_sw[][7] = {{"bench", "--switch", "0"},
                          {"bench", "--switch", "2001"},
                          {"bench", "--switch", "5"},
                          {"bench", "--switch", "5", "--ahead-ab", "0", "--trace"},
-                         {"bench", "--switch", "5", "--ahead-ab", "0", "--place", "far"}};
-    const int bad_sw_n[] = {3, 3, 3, 6, 7};
-    for (int i = 0; i < 5; i++) {
+                         {"bench", "--switch", "5", "--ahead-ab", "0", "--place", "far"},
+                         {"bench", "--batch-ab", "2"},
+                         {"bench", "--switch", "5", "--batch-ab", "1"},
+                         {"bench", "--switch", "5", "--batch-ab", "2", "--ab-streams", "2"}};
+    const int bad_sw_n[] = {3, 3, 3, 6, 7, 3, 5, 7};
+    for (int i = 0; i < 8; i++) {
         rc = run_bench(bad_sw_n[i], bad_sw[i], out, sizeof out);
         CHECK(rc == 2, "--switch case %d: exit %d, want 2", i, rc);
     }
@@ -295,10 +319,13 @@ int main(void) {
         CHECK(rc == 2, "%s %s: exit %d, want 2", bad[i][1], bad[i][2], rc);
     }
     /* batch A/Bs wait for no placement, and the float form has nothing to change in a batch */
-    char *combo[][5] = {{"bench", "--ab-streams", "2", "--place", "far"}, {"bench", "--ab-streams", "2", "--float-form-ab", "plain"}};
-    for (int i = 0; i < 2; i++) {
-        rc = run_bench(5, combo[i], out, sizeof out);
-        CHECK(rc == 2, "--ab-streams 2 %s %s: exit %d, want 2", combo[i][3], combo[i][4], rc);
+    char *combo[][5] = {{"bench", "--ab-streams", "2", "--place", "far"},
+                        {"bench", "--ab-streams", "2", "--float-form-ab", "plain"},
+                        {"bench", "--ab-streams", "2", "--unify-ab"}};
+    const int combo_n[] = {5, 5, 4};
+    for (int i = 0; i < 3; i++) {
+        rc = run_bench(combo_n[i], combo[i], out, sizeof out);
+        CHECK(rc == 2, "--ab-streams 2 %s %s: exit %d, want 2", combo[i][3], combo_n[i] > 4 ? combo[i][4] : "", rc);
     }
     return test_summary();
 }
