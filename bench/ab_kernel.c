@@ -18,7 +18,7 @@
  * (each thread its rows' groups front to back, no software prefetch, no compute), and prints A
  * and B against it beside the slower and the faster half of its rounds (split at the midpoint of
  * its range): how much of the machine's stream each kernel form turns into gemm speed, in the
- * same seconds (bench/cpu-speed.md, thirty-first session). AB_LOADS=2 makes that pass the two-l1
+ * same seconds (bench/cpu-speed-log.md, thirty-first session). AB_LOADS=2 makes that pass the two-l1
  * form's pattern instead (loads_two). */
 #include <immintrin.h>
 #include <pthread.h>

@@ -8,7 +8,7 @@
  * reads longer than 5 µs is a gap. Prints per CPU the gaps by length and the time they took, and
  * how much of that time some other CPU was in a gap too. Threads joined by barriers (the one-job
  * solo step) pay for a CPU's gap twice where the others were running meanwhile, and about once
- * where the whole machine stopped; bench/cpu-speed.md (forty-fifth session) has this VM's figures. */
+ * where the whole machine stopped; bench/cpu-speed-log.md (forty-fifth session) has this VM's figures. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>

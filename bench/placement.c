@@ -11,7 +11,7 @@
  * Q4_K), each thread its half of piece k, then both wait for each other ("barrier": the model's
  * stages), and the same halves back to back ("no barrier"). Prints one line per round and the
  * means per placement. On this project's VM the two vCPUs sit on one complex (~50-160 ns; ~34
- * GB/s) or on two (~250-830 ns; ~51-58 GB/s): the "fast phases" of bench/cpu-speed.md, whose
+ * GB/s) or on two (~250-830 ns; ~51-58 GB/s): the "fast phases" of bench/cpu-speed-log.md, whose
  * thirty-fourth session has the figures (far, the barrier cost ~4% and the pieces ~6%). */
 #define _GNU_SOURCE
 #include <immintrin.h>

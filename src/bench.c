@@ -303,7 +303,7 @@ static double median(double *v, int n) {
  * engines' steps see the same moment of a machine whose bandwidth drifts within seconds.
  * (Before, each step had its own probe pass, ~0.2 s apart: A/A pairs of one engine form against
  * itself read 0.98, 1.01, 0.98 and 1.22 there, and 0.99, 0.99, 0.99 back to back —
- * bench/cpu-speed.md, nineteenth session.) Per engine: median and quartiles of the ratios (in %)
+ * bench/cpu-speed-log.md, nineteenth session.) Per engine: median and quartiles of the ratios (in %)
  * into q, the median ratio to each pattern alone into by_pattern, the median step's tok/s into
  * tps; *ratio_med = median over the steps of (engine 1's ratio / engine 0's), which with one
  * probe per pair is the ratio of the two steps' read rates. Before that pass, one load-only pass

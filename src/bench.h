@@ -29,7 +29,7 @@ double bench_probe_stream(bench_probe *p, double bytes);
 double bench_probe_rtt(bench_probe *p);
 /* The round trip above which the bench calls two threads "far" (on two core complexes): on this
  * project's VM the two vCPUs read 50-160 ns on one complex and 250-830 ns on two, where the
- * machine reads ~1.5x faster — its "fast phases" (bench/cpu-speed.md, thirty-fourth session). */
+ * machine reads ~1.5x faster — its "fast phases" (bench/cpu-speed-log.md, thirty-fourth session). */
 #define BENCH_RTT_FAR_NS 200
 void bench_probe_free(bench_probe *p);
 

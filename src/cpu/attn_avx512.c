@@ -24,7 +24,7 @@
 #define HSET 8 /* heads per o_c pass */
 #define VSET 2 /* 16-dim vectors per o_c pass */
 /* The arena's request distances, overridable at build time (e.g. CFLAGS_B='-DPF_V_FAR=0'
- * bench/ab_kernel.sh --attn-cold WORK WORK 512; bench/cpu-speed.md, nineteenth session). */
+ * bench/ab_kernel.sh --attn-cold WORK WORK 512; bench/cpu-speed-log.md, nineteenth session). */
 #ifndef PF_K_FAR
 #define PF_K_FAR 8 /* position groups of K requested into L2 ahead of the scores (32 KB at hd 128); 0: none */
 #endif
@@ -47,7 +47,7 @@ static inline __m512 ld16h(const fp16_t *p) { return _mm512_cvtph_ps(_mm256_load
  * are scored the K groups two ahead are requested into L1 and those PF_K_FAR ahead into L2 (past
  * K's last group, V's first ones, which pv_block reads next), NG lines each per two dims (a group
  * is hd/2 lines). V is requested by pv_block as it goes: asked for here, at the scores, a long
- * context's V left L1 before its turn (bench/cpu-speed.md, fifteenth session). */
+ * context's V left L1 before its turn (bench/cpu-speed-log.md, fifteenth session). */
 AI void score_groups(const int NH, const int NG, const float *q, int hd, const fp16_t *K, const fp16_t *V, int g,
                      int ngr, int n, const __m512 vscale, float *s, size_t ss) {
     const size_t gs = (size_t)hd * KV_POS_GROUP; /* halves per position group */

@@ -3,7 +3,7 @@
  * eighth of the segment (CLAIM_RUNS, the default of claim_set.runs); a thread whose segment is
  * empty steals the back half of what is left in the fullest segment, under the same cap.
  *
- * Why this shape (bench/cpu-speed.md, fifth session): the threads' weight streams stay a
+ * Why this shape (bench/cpu-speed-log.md, fifth session): the threads' weight streams stay a
  * segment apart (this machine reads nearby streams slower), a thread slowed by the memory
  * system or descheduled by the host is relieved by the others, and no run is reserved
  * before it is needed, so a stage's threads end within about one small run of each other.
@@ -23,7 +23,7 @@
 /* The cap of a one-row step's runs on hosts whose one-token kernels stream in the two-l1 form
  * (cpu/prefetch.h; the Zen 5 host): runs of up to half a segment, fewer and longer kernel calls.
  * There the solo step read 1.011-1.016x against eighths (ditto bench --switch --claim-runs-ab 2,
- * four runs of 200-300 pairs; quarters 1.008x, whole segments 1.004x): bench/cpu-speed.md,
+ * four runs of 200-300 pairs; quarters 1.008x, whole segments 1.004x): bench/cpu-speed-log.md,
  * forty-eighth session. Batches and prefill keep CLAIM_RUNS (their units cost unevenly). */
 #define CLAIM_RUNS_TWO_L1_SOLO 2
 #define CLAIM_RUNS_MAX 1024 /* the largest claim_set.runs an option may set (engine option cpu_claim_runs) */

@@ -240,7 +240,7 @@ static void stream_prefetch(const char *p, size_t left, int f) {
  * in one burst before each call and the kernel streamed on past them: on the Zen 5 host the burst's
  * 64 back-to-back requests held the core ~2.5% of its time (perf), and without it the solo step
  * read 1.009-1.013x, ditto bench --switch, three runs of 250-300 pairs, and a batch of 6 streams
- * lost nothing: bench/cpu-speed.md, forty-eighth session. Not measured on a near-far host (Intel);
+ * lost nothing: bench/cpu-speed-log.md, forty-eighth session. Not measured on a near-far host (Intel);
  * plain and touch make no requests, so Zen 4 is unchanged.) */
 static void stream_next(const uint8_t *p, size_t left, int f, cpu_next *nx) {
     nx->n = 0;
@@ -493,7 +493,7 @@ static int attn_parts(const cpu_state *st, const engine_batch *b) {
  * row r costs pos[r] + 1 positions plus ATTN_ITEM_FIXED, and goes to the thread whose share of the
  * total holds its middle, so the shares are contiguous and every item has one thread. Cut by count, a
  * prompt's rows (positions 0..n-1 of one slot) left the second of two threads ~3x the first's work:
- * attention was 16% of a 512-token prefill (bench/cpu-speed.md, thirtieth session). */
+ * attention was 16% of a 512-token prefill (bench/cpu-speed-log.md, thirtieth session). */
 #define ATTN_ITEM_FIXED 16
 static void attn_split(const engine_batch *b, int per_row, int ith, int nth, int *i0, int *i1) {
     long total = 0;

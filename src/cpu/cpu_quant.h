@@ -37,7 +37,7 @@ enum cpu_stream cpu_stream_detect(void);
  * (their own requests into L2, or none), CPU_STREAM_PLAIN where `want` or DITTO_CPU_STREAM says
  * plain or touch (their weight vectors are 256-bit loads already), else CPU_STREAM_NEAR_FAR on
  * every host: on the Zen 4 host, whose AVX-512 form was plain then, the AVX2 kernels' solo steps
- * read 1.25x plain's with their requests into L2 (bench/cpu-speed.md, twenty-ninth session).
+ * read 1.25x plain's with their requests into L2 (bench/cpu-speed-log.md, twenty-ninth session).
  * Below AVX2, CPU_STREAM_NEAR_FAR. */
 enum cpu_stream cpu_stream_select(enum cpu_level level, int want);
 const char *cpu_stream_name(enum cpu_stream form);

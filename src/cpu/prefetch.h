@@ -11,7 +11,7 @@
  * (bench/ab_kernel.sh, 0.45 GiB, one token, two threads) the two requests in a burst per block
  * read 1.05-1.07x the T0-4 KiB form on Q4_K, and issued beside each line's load
  * (cpu_prefetch_line, repack_avx512.c) 1.11-1.14x; whole model, solo ~10.7 -> ~12.5 tok/s
- * (bench/cpu-speed.md, fourteenth session).
+ * (bench/cpu-speed-log.md, fourteenth session).
  *
  * History: the host under the VM changes between sessions, and so did the answer. On the Zen 5
  * host of the twelfth session T0 4 KiB ahead alone read 1.2-2.1x no software prefetch (the
@@ -57,7 +57,7 @@
  *     streams per thread), each line requested CPU_PF2_DIST ahead into L1 only. On the Zen 5
  *     host of the eighteenth session it read 1.09-1.31x NEAR_FAR (one-token kernels, in-process
  *     medians; the whole solo step 1.02-1.30x); two streams with NEAR_FAR's requests, three or
- *     four streams, 2 or 8 KiB ahead, or a far request beside it read less (bench/cpu-speed.md,
+ *     four streams, 2 or 8 KiB ahead, or a far request beside it read less (bench/cpu-speed-log.md,
  *     eighteenth session).
  *   CPU_STREAM_PLAIN: one stream per call and no software prefetch: the hardware prefetchers
  *     alone. On the Zen 4 host of the twenty-seventh session it read 1.10-1.18x NEAR_FAR
@@ -72,13 +72,13 @@
  *     kernel's order 0.79 of plain 256-bit loads, 256-bit ones 0.97-1.0): the one-token Q4_K
  *     kernel, one thread from memory, 1.07-1.10x plain (0.96-0.99 of plain loads against
  *     0.87-0.91), two tokens ~1.07x, four and six ~0.98x (so not above two); whole solo steps in
- *     one process 1.049x at one thread, 1.01-1.05x far at two, 1.00x near (bench/cpu-speed.md,
+ *     one process 1.049x at one thread, 1.01-1.05x far at two, 1.00x near (bench/cpu-speed-log.md,
  *     forty-first session). The AVX2 kernels' loads are 256-bit already: they run plain. */
 /* CPU_PF2_DIST: two-l1's lead. 3.5 KiB, not 4: on the Zen 5 host the solo step read 1.036x, 1.013x and
  * 1.013x with 3584 against 4096 (3840: 1.019x; 3072: 1.008x and 0.982x; 2048 0.931x, 5120 0.967x, 6144
  * 0.978x, 8192 0.957x; a far request into L2 beside it, 16 or 32 KiB ahead, 0.78x and 0.74x), each a
  * `ditto bench --switch 300` run of a second build of this file against the engine's (A/A 0.998-1.003):
- * bench/cpu-speed.md, forty-eighth session. The kernel harness (bench/ab_kernel.sh) had found the
+ * bench/cpu-speed-log.md, forty-eighth session. The kernel harness (bench/ab_kernel.sh) had found the
  * distances alike. Perhaps because a request exactly 4 KiB ahead maps to the L1 set of the line being
  * loaded (64 sets of 64 bytes); not measured. */
 #ifndef CPU_PF2_DIST
@@ -184,7 +184,7 @@ static inline __attribute__((always_inline)) void cpu_prefetch_ahead(const uint8
  * less with them (T = 2: 0.87-1.09x, T = 3-8: 0.59-1.01x; compute, not the stream, sets their
  * pace), and in cache the one-token kernels run ~0.7x (weights of a decode step are never in
  * cache). So only the AVX2 one-token path in its near-far form uses it now (the AVX-512 one-token kernels dropped it
- * with all their software prefetch in the tenth session). bench/cpu-speed.md, ninth session. */
+ * with all their software prefetch in the tenth session). bench/cpu-speed-log.md, ninth session. */
 #define CPU_PF_AGAIN1 16384
 #define CPU_PF_AGAIN2 8192
 static inline __attribute__((always_inline)) void cpu_prefetch_again(const uint8_t *p, size_t bytes,

@@ -459,12 +459,12 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
 /* One token: four rows at a time (enough independent chains); with one1 (the plain stream
  * form), one row at a time; with two (the two-l1 form), the call's rows in two halves read in
  * lockstep, a row of each at a time, each half one stream with two-l1's requests (on the Zen 5
- * host 0.91-0.96x the four rows' time on router-shaped matrices from memory, bench/cpu-speed.md,
+ * host 0.91-0.96x the four rows' time on router-shaped matrices from memory, bench/cpu-speed-log.md,
  * forty-seventh session). Four rows are four streams 8 KiB apart (k 2048): on the Zen 4 host,
  * where the probe read 4 interleaved streams a thread at ~0.6 of one, the router stage read
  * 24-26 GB/s against 29-42 for the other gemm stages, and 31-32 (as theirs) one row at a time;
  * its two chains still keep ~32 bytes a cycle in flight, several times a core's share of memory
- * (bench/cpu-speed.md, twenty-ninth session).
+ * (bench/cpu-speed-log.md, twenty-ninth session).
  * More tokens: passes of up to FL_TSUP tokens over the rows, each pass cut into even chunks of at
  * most FL_TCH; two rows at a time, and each pair runs every chunk of the pass while its rows are
  * in L1/L2, so a pass reads the weights from memory once (chunks of eight tokens, each a pass of
@@ -472,7 +472,7 @@ AI void fl_rows(const int type, const int NR, const int NT, const uint8_t *wr, s
  * one1, two or three tokens go one row at a time: their activations stay in L1, so the row is the
  * thread's one stream. In one process (48 router-shaped 128 x 2048 matrices from memory, two
  * threads, Zen 4): 2 tokens 0.66x the time of the old code, 3 0.85x, 8 0.87-0.89x, 16 0.71-0.74x,
- * 128 0.60-0.63x; 1, 4 and 6 the same (bench/cpu-speed.md, thirtieth session).
+ * 128 0.60-0.63x; 1, 4 and 6 the same (bench/cpu-speed-log.md, thirtieth session).
  * The rows' and tokens' order of work never changes a bit: every (row, token) is its own chains. */
 AI void gemm_fl(const int type, const bool one1, const bool touch, const bool two, GEMM_ARGS) {
     const float *x[FL_TSUP];

@@ -23,7 +23,7 @@
  * one-token calls request their weights ahead (one_requests) unless the stream form is plain;
  * the multi-token ones always do (mt_requests).
  * Sums that GCC may reassociate are pinned in order (pin): reassociated, it kept a
- * sub-block's eight products live and spilled them (bench/cpu-speed.md, twenty-third session). */
+ * sub-block's eight products live and spilled them (bench/cpu-speed-log.md, twenty-third session). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -38,7 +38,7 @@
  * token, 2.2x at two and 1.7-1.8x at six, 1.5-1.7x on expert- and q-shaped matrices, and the
  * whole solo step 1.25x the plain form's (which had read 1.21x the L1 requests'): an L1 request
  * holds one of the core's few L1 miss buffers for a full memory latency. At one token 8 KiB read
- * 0.76-1.24x 4 KiB; at two to six tokens 8 KiB 1.00-1.13x 4 KiB (bench/cpu-speed.md). Overridable
+ * 0.76-1.24x 4 KiB; at two to six tokens 8 KiB 1.00-1.13x 4 KiB (bench/cpu-speed-log.md). Overridable
  * at build time for bench/ab_kernel.sh. */
 #ifndef RP2_PF_DIST
 #define RP2_PF_DIST 4096 /* one token: bytes ahead */
@@ -410,7 +410,7 @@ AI void q6k_tokens(const int T, const uint8_t *B, const uint8_t *S, const uint8_
  * vector H[8hh + n]) are made together from three loads; each sub-block's two int16 sums of two
  * vectors (<= 2 * 2*63*127 = 32004 < 2^15, as in q6k_tokens) are scaled by vpmaddwd as soon as
  * they are complete. The generic path at T = 1 made each vector from two loads, called a kernel
- * per block half, and spilled (bench/cpu-speed.md, twenty-eighth session). */
+ * per block half, and spilled (bench/cpu-speed-log.md, twenty-eighth session). */
 AI void q6k_one(const uint8_t *B, const uint8_t *D, const block_q8k *y, __m256 a[2]) {
     const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     const __m256i dup[2] = {q6k_dup(0), q6k_dup(1)};
@@ -480,7 +480,7 @@ static __attribute__((noinline)) void q6k_group1(const uint8_t *G, int nb, const
  * broadcast twice, and llvm-mca's Zen 3 model puts each on a vector pipe, as many as the
  * vpmaddubsw). The same int16 sums (8 vectors each) and the same I, M and fp32 chain per lane as
  * q45k_tokens(0, T, ...) on each half; the I sums live in memory (L1) at T = 6. In cache, one
- * thread: 1.05-1.12x the half-block kernel at 2-32 tokens (bench/cpu-speed.md, twenty-eighth
+ * thread: 1.05-1.12x the half-block kernel at 2-32 tokens (bench/cpu-speed-log.md, twenty-eighth
  * session). acc: T x 16 floats (half h at 8h). */
 AI void q4k_tokens16(const int T, const uint8_t *B, const block_q8k *const *y, float *acc) {
     const __m256i m0f = _mm256_set1_epi8(0x0f);

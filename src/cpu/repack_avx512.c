@@ -289,7 +289,7 @@ AI __m512i q4k_min(const uint8_t *B, const block_q8k *y, const int8_t *hl) {
  * block's integer work is spread over its loads rather than left in a tail after them: from
  * memory 1.03-1.08x the tail order (per-round medians, two threads, plain; 0.755 -> 0.819 of plain
  * loads in fast rounds), in cache 0.99x. The near-far form keeps the tail (spread, 0.89x in cache;
- * not measured from memory on the Intel host it is for). bench/cpu-speed.md, thirty-third session.
+ * not measured from memory on the Intel host it is for). bench/cpu-speed-log.md, thirty-third session.
  * With `spread`, each of the block's 36 lines has the requests for the lines CPU_PF_DIST and
  * CPU_PF_FAR ahead of it issued beside its load (cpu_prefetch_line) instead of in one burst before
  * the block; the caller says whether they lie within the call's rows.
@@ -299,7 +299,7 @@ AI __m512i q4k_min(const uint8_t *B, const block_q8k *y, const int8_t *hl) {
  * chain as q45k_tokens(1, 1, ...). Q5_K at one token ran through that chunk kernel before, with the
  * 5th bits after the quants and loaded beside each weight vector: at one thread from memory it read
  * 0.35-0.38 of plain loads in the plain and two-l1 forms and 0.74-0.83 in touch; with the layout and
- * this kernel ~0.90 plain, ~0.93 touch (bench/cpu-speed.md, forty-second session). */
+ * this kernel ~0.90 plain, ~0.93 touch (bench/cpu-speed-log.md, forty-second session). */
 AI __m512 q45k_one(const int q5, const uint8_t *B, const block_q8k *y, const int8_t *hl, __m512 a, const bool spread,
                    const int f) {
     const bool early = f != CPU_STREAM_NEAR_FAR;
@@ -523,7 +523,7 @@ static const tok_fn tok_touch_table[RP_TI_COUNT][TOUCH_TOK + 1] = {
  * block's lines the stream form f's distances ahead (CPU_FORM_DIST / CPU_FORM_FAR, cpu/prefetch.h) are requested
  * line by line within it where they lie within `end`; near it, in a burst before the block,
  * continuing into nx past it. Spread
- * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed.md,
+ * over the block, the requests read 1.09-1.14x the burst on the Intel host (bench/cpu-speed-log.md,
  * fourteenth session) and ~1.2x in cache; the multi-token kernels do the same in a block's first
  * chunk of up to 8 tokens (from memory 1.15-1.6x at 2-8 tokens, 1.3-1.4x at 16, 1.05-1.13x at 64).
  * acc: out, the group's 16 sums (the accumulators start at zero, as the reference's do). q5: Q5_K's
@@ -567,7 +567,7 @@ AI void q6k_group1(const uint8_t *G, int nb, const block_q8k *y, const int8_t *h
  * streams, each with its own end[s] and continuation nx[s]); each group's chain is
  * q4k_group1's / q5k_group1's / q6k_group1's, op for op. acc: out, 2 x 16 sums. The Q4_K / Q5_K min term is made
  * from y's bsums in each block (q4k_min_sum), not from a call's q4k_hl operands: in this lockstep loop those
- * read 0.85x in cache (bench/cpu-speed.md, thirty-third session). */
+ * read 0.85x in cache (bench/cpu-speed-log.md, thirty-third session). */
 AI void q45k_group2(const int q5, const uint8_t *const G[2], int nb, const block_q8k *y, float *acc,
                     const uint8_t *const end[2], const cpu_next *const nx[2]) {
     const int f = CPU_STREAM_TWO_L1;
