@@ -940,7 +940,7 @@ static int switch_ab_run(model *m, const engine_opts *va, const engine_opts *vb,
     }
     const double med = median(x, n); /* sorts */
     char steps[96];
-    if (!shared) snprintf(steps, sizeof steps, "decode steps, A of %d stream%s and B of %d", sk[0], sk[0] > 1 ? "s" : "", sk[1]);
+    if (!shared) snprintf(steps, sizeof steps, "decode steps"); /* a and b name the sides' batches */
     else if (sk[0] > 1) snprintf(steps, sizeof steps, "decode steps of a batch of %d streams", sk[0]);
     else snprintf(steps, sizeof steps, "solo steps");
     printf("\n%s, switched (%d pairs of %s on one engine, A %s and B %s, %s in alternating order, no probe between):"

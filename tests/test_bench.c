@@ -291,7 +291,7 @@ int main(void) {
           "--switch 3 --unify-ab: a switched line, the decode steps split evenly between the paths");
     /* --batch-ab S (switched only): solo steps of one stream against steps of a batch of S others */
     CHECK(ab_line((char *[]){"--switch", "3", "--batch-ab", "2"}, 4,
-                  "aggregate decode rate, switched (3 pairs of decode steps, A of 1 stream and B of 2 on one engine, ",
+                  "aggregate decode rate, switched (3 pairs of decode steps on one engine, A one stream and B a batch of 2 streams, ",
                   (const char *[]){"per-pair rate ratio B / A, median",
                                    "decode steps by path: 7 on the solo path, 7 on the batched path\n", NULL},
                   out, sizeof out),
