@@ -1084,11 +1084,9 @@ static int unify_run(model *m, const engine_opts *base, const ab_args *ab, ditto
  * the single-stream rate" as the ratio of the two aggregate rates, step pair by step pair. (The
  * paired batches of --streams 1,S --paired N put a probe pass after every pair and scatter ±15%.) */
 static int batch_switch_run(model *m, const engine_opts *base, int S, const ab_args *ab, ditto_err *err) {
-    engine_opts v = *base;
-    v.unify = false;
     char b[48];
     snprintf(b, sizeof b, "a batch of %d streams", S);
-    return switch_ab_run(m, &v, &v, "aggregate decode rate", "one stream", b, true, ab->plen, (const int[2]){1, S},
+    return switch_ab_run(m, base, base, "aggregate decode rate", "one stream", b, true, ab->plen, (const int[2]){1, S},
                          ab->switched, err);
 }
 
