@@ -7,6 +7,8 @@
  * rate, and whether B's outputs equal A's bitwise.
  *
  *   attn_cold CTX [ROUNDS=30] [LAYERS=48] [KV_HEADS=4] [HEADS_PER_KV=8] [HEAD_DIM=128]
+ * ATTN_COLD_GAP_MIB=G: the main thread reads G MiB of other memory before each layer (untimed), as
+ * the step streams a layer's weights between two attention stages (~36 MiB for the 30B geometry).
  * Defaults: the geometry of Qwen3-30B-A3B (ditto synth --preset 30b-a3b). */
 #include <immintrin.h>
 #include <pthread.h>
@@ -103,6 +105,9 @@ int main(int argc, char **argv) {
     double *t[2] = {xmalloc(sizeof(double) * (size_t)rounds), xmalloc(sizeof(double) * (size_t)rounds)};
     uint64_t sink = 0;
     int same = 1;
+    const char *ge = getenv("ATTN_COLD_GAP_MIB");
+    const size_t gap = ge ? (size_t)atoi(ge) << 20 : 0;
+    size_t gap_at = 0;
     for (int r = 0; r < rounds; r++) {
         for (int s = 0; s < 2; s++) {
             for (size_t o = 0; o < fb; o += 64) sink += flush[o];
@@ -110,6 +115,8 @@ int main(int argc, char **argv) {
             double sum = 0;
             for (int l = 0; l < c.layers; l++) {
                 c.layer = l;
+                for (size_t o = 0; o < gap; o += 64) sink += flush[(gap_at + o) % fb]; /* a layer's weights */
+                gap_at = (gap_at + gap) % fb;
                 const double t0 = time_now();
                 c.done = 0;
                 c.gen++;

@@ -382,6 +382,31 @@ static void trace_summary(const char *const *names, int n_eng, int n, int ntps, 
         }
 }
 
+/* The warm-up before a measured pair: one unmeasured step of each side, in pair i's order (ABBA),
+ * advancing side k's rows (tok[k], pos[k]: n[k] rows of batch b[k] on engine eng[k]) as a measured
+ * step does. A decode step right after a probe pass reads ~20% slower in every stage than one right
+ * after another step (the Zen 5 host, 128-token context: 42-51 ms against 35-39 in 30 pairs); a
+ * 0.3 s sleep or compute spin in its place did not remove it, nor did pinning the threads; one step
+ * did. Without it the pair's first step (each side in turn) carried it, so the per-pair ratios
+ * scattered ±15-20% and the medians read ~6 points low against steps back to back
+ * (bench/cpu-speed-log.md, fifty-second session). With `first` (V floats), row 0's logits of the two
+ * steps are compared into *same. */
+static int warm_pair(engine *const eng[2], const engine_batch b[2], int32_t *const tok[2], int32_t *const pos[2],
+                     int sides, int i, float *first, bool *same, ditto_err *err) {
+    for (int kk = 0; kk < sides; kk++) {
+        const int k = sides == 2 && (i & 1) ? 1 - kk : kk;
+        engine *e = eng[k];
+        if (kk && eng[0] != eng[1]) quiesce(); /* the other engine's workers */
+        if (engine_forward(e, &b[k], err) < 0) return -1;
+        const int V = e->m->hp.n_vocab;
+        if (first && kk) *same = *same && !memcmp(first, e->logits, sizeof(float) * (size_t)V);
+        else if (first) memcpy(first, e->logits, sizeof(float) * (size_t)V);
+        for (int r = 0; r < b[k].n; r++) tok[k][r] = sampler_argmax(e->logits + (size_t)r * V, V), pos[k][r]++;
+    }
+    if (sides == 2 && eng[0] != eng[1]) quiesce();
+    return 0;
+}
+
 static int paired_run(engine *const *eng, const char *const *names, int n_eng, bench_probe *probe, int plen, int n,
                       bool trace, int place, paired_out *po, ditto_err *err) {
     DT_ASSERT(n_eng >= 1 && n_eng <= 2 && n >= 1 && n <= 100);
@@ -397,6 +422,7 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
     /* with trace: each step's ms per stage, and a gemm stage's weight rate over the probe's best after the pair in % (-1: none) */
     double st_ms[2][BENCH_STAGES][100], st_pct[2][BENCH_STAGES][100];
     const int V = eng[0]->m->hp.n_vocab;
+    float *warm_logits = xmalloc(sizeof(float) * (size_t)V);
     for (int k = 0; k < n_eng; k++) {
         uint64_t rng = 77;
         sl[k] = kv_slot_acquire(eng[k]->kv);
@@ -409,6 +435,12 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
     for (int i = 0; i < n; i++) {
         double gbs[2];
         if (place >= 0) po->waited += place_wait(probe, place, BENCH_PLACE_WAIT_S - po->waited);
+        {
+            engine *const we[2] = {eng[0], eng[n_eng - 1]};
+            const engine_batch wb[2] = {{1, &tok[0], &pos[0], &sl[0], &want}, {1, &tok[1], &pos[1], &sl[1], &want}};
+            int32_t *const wt[2] = {&tok[0], &tok[1]}, *const wp[2] = {&pos[0], &pos[1]};
+            if (warm_pair(we, wb, wt, wp, n_eng, i, n_eng == 2 ? warm_logits : NULL, &po->same, err) < 0) goto fail;
+        }
         for (int kk = 0; kk < n_eng; kk++) {
             const int k = n_eng == 2 && (i & 1) ? 1 - kk : kk; /* ABBA: neither engine always goes first */
             engine *e = eng[k];
@@ -512,9 +544,11 @@ static int paired_run(engine *const *eng, const char *const *names, int n_eng, b
         po->rate_q[0] = y[n / 4], po->rate_q[2] = y[(3 * n) / 4];
     }
     for (int k = 0; k < n_eng; k++) kv_slot_release(eng[k]->kv, sl[k]);
+    free(warm_logits);
     return 0;
 fail:
     for (int k = 0; k < held; k++) kv_slot_release(eng[k]->kv, sl[k]);
+    free(warm_logits);
     return -1;
 }
 
@@ -556,6 +590,12 @@ static int paired_batch_run(engine *e, bench_probe *probe, int S, int plen, int 
     po->same = true;
     for (int i = 0; i < n; i++) {
         double gbs[2];
+        {
+            engine *const we[2] = {e, e};
+            const engine_batch wb[2] = {{1, tok + S, pos + S, sl + S, want + S}, {S, tok, pos, sl, want}};
+            int32_t *const wt[2] = {tok + S, tok}, *const wp[2] = {pos + S, pos};
+            if (warm_pair(we, wb, wt, wp, 2, i, first, &po->same, err) < 0) goto out;
+        }
         for (int kk = 0; kk < 2; kk++) { /* k = 0: the solo stream, 1: the batch; back to back, ABBA */
             const int k = (i & 1) ? 1 - kk : kk, rows = k ? S : 1, at = k ? 0 : S;
             uint64_t w0, k0, w1, k1;
@@ -1195,7 +1235,8 @@ int bench_cmd(int argc, char **argv) {
     engine_opts_default(&o);
     o.n_threads = threads;
     o.max_streams = max_s + (paired && max_s > 1); /* paired batches add a solo stream */
-    o.ctx = plen + DT_MAX(gen, DT_MAX(paired, 2 * sw + 8)) + 1; /* a switched A/B: its pairs and warm-up steps */
+    o.ctx = plen + DT_MAX(gen, DT_MAX(2 * paired, 2 * sw + 8)) + 1; 
+        /* a paired run's warm-up step before each pair; a switched A/B's pairs and warm-up steps */
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, chunk)); /* the prefill's rows per forward call */
     o.profile = profile;
     o.cpu_ahead = ahead;
