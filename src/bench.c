@@ -935,9 +935,10 @@ typedef struct ab_args {
 /* n pairs of decode steps on ONE engine whose run-time options (engine_retune) are switched between
  * consecutive steps: A then B, B then A, ... with no probe pass, sleep or other engine between them,
  * so both sides of a pair see the same moment of the machine and the same warm pool (opts_ab_run's
- * solo pairs, with a probe pass and a quiesce around every step, scatter ±20% per pair on the Zen 5
- * host; back-to-back steps of one engine ±2–3%). Side k steps a batch of sk[k] streams (1: solo
- * steps): with equal sizes both sides step the same streams, in turn; with different ones (--batch-ab)
+ * solo pairs, with a probe pass after every pair, scattered ±20% per pair on the Zen 5 host before
+ * their warm-up step (warm_pair), ±2.5% since; back-to-back steps of one engine ±2–3%). Side k steps
+ * a batch of sk[k] streams (1: solo steps): with equal sizes both sides step the same streams, in
+ * turn; with different ones (--batch-ab)
  * each side its own. Prints B against A: the per-pair ratio of the aggregate rates (tokens a second
  * over the batch's streams), its median and quartiles, and the ratio over all steps. A stream's tokens
  * come from both sides in turn, so A's and B's logits are not compared here (the two-engine A/B and
@@ -1390,8 +1391,9 @@ int bench_cmd(int argc, char **argv) {
                " (%.0f–%.0f%%), unify %.0f%% (%.0f–%.0f%%); the pass itself read %.0f%% (%.0f–%.0f%%) of the best pattern\n",
                po.ctl[0][1], po.ctl[0][0], po.ctl[0][2], po.ctl[1][1], po.ctl[1][0], po.ctl[1][2], po.ctl_best[1],
                po.ctl_best[0], po.ctl_best[2]);
-        printf("\nunify / solo, median of the per-step paired ratios: %.3f; logits bitwise equal at every step: %s\n",
-               po.ratio_med, po.same ? "yes" : "NO");
+        printf("\nunify / solo, median of the per-step paired ratios: %.3f (quartiles %.3f–%.3f); logits bitwise equal at"
+               " every step: %s\n",
+               po.ratio_med, po.rate_q[0], po.rate_q[2], po.same ? "yes" : "NO");
         bool head = false;
         static paired_batch_out pbs[17];
         static backend_calls pcc[17][2][BENCH_CALL_KINDS]; /* each S's calls profile before / after its pairs */
