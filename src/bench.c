@@ -837,8 +837,8 @@ static int forms_run(model *m, const engine_opts *base, bench_probe *probe, int 
         const char *const names[2] = {cpu_stream_name(CPU_STREAM_NEAR_FAR), cpu_stream_name(f)};
         if (paired_run(pair, names, 2, probe, plen, n, trace, place, &po[f], err) < 0) goto done;
     }
-    printf("\nstream forms (%d solo steps in %s and in each other form, each pair back to back in alternating order and"
-           " followed by one probe pass):\n\n"
+    printf("\nstream forms (%d solo steps in %s and in each other form, each pair back to back in alternating order,"
+           " after a warm-up step of each, and followed by one probe pass):\n\n"
            "| form | backend | median tok/s | %% of the best pattern (quartiles) | its near-far steps: tok/s, %% |"
            " / near-far, median of the per-step tok/s ratios (quartiles) | logits bitwise equal |\n"
            "|---|---|---:|---|---|---|---|\n",
@@ -1031,8 +1031,8 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     paired_out po;
     const char *const names[2] = {"A", "B"};
     if (paired_run(ea, names, 2, probe, plen, n, ab->trace, place, &po, err) < 0) goto done;
-    printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order and followed by one"
-           " probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
+    printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order, after a warm-up step of"
+           " each, and followed by one probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
            " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); %s\n",
            what, n, a, b, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
            po.rate_q[1], po.rate_q[0], po.rate_q[2],
@@ -1354,7 +1354,7 @@ int bench_cmd(int argc, char **argv) {
         const char *const names[2] = {"solo", "unify"};
         if (paired_run(pe, names, 2, probe, plen, paired, trace, place, &po, &err) < 0) goto fail;
         printf("\npaired (%d decode steps of one stream per path, the two paths' steps back to back in alternating order,"
-               " each pair followed by one pass of the probe's %d patterns): step read rate %% of the best pattern right"
+               " after an unmeasured warm-up step of each, each pair followed by one pass of the probe's %d patterns): step read rate %% of the best pattern right"
                " after it\n\n",
                paired, BENCH_PATTERNS);
         printf("| path | median | quartiles | median tok/s | vs pattern 1 / 2 / 4 / 8 streams per thread, prefetch none |"
@@ -1407,7 +1407,7 @@ int bench_cmd(int argc, char **argv) {
             if (ncc > 0) e->be->calls(e->be_state, pcc[npb - 1][1], BENCH_CALL_KINDS);
             if (!head)
                 printf("\npaired batches (%d steps of one solo stream and of S streams in one batch, back to back in"
-                       " alternating order, each pair followed by one probe pass; row 0 of the batch has the solo stream's"
+                       " alternating order, after an unmeasured warm-up step of each, each pair followed by one probe pass; row 0 of the batch has the solo stream's"
                        " prompt; all steps = the aggregate rates over all the steps)\n\n"
                        "| streams | solo %% of probe | batch %% of probe (quartiles) | solo tok/s | batch tok/s |"
                        " x solo, per pair (quartiles) | x solo, all steps | row 0 = solo, bitwise |\n"

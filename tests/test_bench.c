@@ -277,13 +277,18 @@ int main(void) {
                   (const char *[]){"per-pair rate ratio B / A, median", NULL}, out, sizeof out),
           "--switch 3 --ab-streams 10 --claim-runs-ab 1: a switched batch A/B line");
     /* --unify-ab: the solo path against the batched path at one row. Paired on two engines their logits
-     * are bitwise equal at every step, and B never takes the solo path; switched on one engine, the
+     * are bitwise equal at every step, B never takes the solo path, and each measured pair follows a
+     * warm-up pair (warm_pair: the step right after a probe pass reads slow); switched on one engine, the
      * decode steps split evenly between the paths (3 pairs and 4 warm-up pairs). */
     CHECK(ab_line((char *[]){"--unify-ab"}, 1,
                   "unify (3 solo steps, A on the solo path and B on the batched path (--unify), ",
-                  (const char *[]){"logits bitwise equal at every step: yes", "; B 0 on the solo path, ", NULL}, out,
-                  sizeof out),
-          "--unify-ab: its line, the paths' logits bitwise equal, B on the batched path only");
+                  (const char *[]){"logits bitwise equal at every step: yes",
+                                   "A 6 on the solo path, 1 on the batched path; B 0 on the solo path, 7 on the batched"
+                                   " path\n",
+                                   NULL},
+                  out, sizeof out),
+          "--unify-ab: its line, the paths' logits bitwise equal, B on the batched path only, each side's 3 steps"
+          " after 3 warm-up steps (and its prefill)");
     CHECK(ab_line((char *[]){"--switch", "3", "--unify-ab"}, 3,
                   "unify, switched (3 pairs of solo steps on one engine, A on the solo path and B on the batched path",
                   (const char *[]){"decode steps by path: 7 on the solo path, 7 on the batched path\n", NULL}, out,
