@@ -383,8 +383,8 @@ static void trace_summary(const char *const *names, int n_eng, int n, int ntps, 
 }
 
 /* The warm-up before a measured pair: one unmeasured step of each side, in pair i's order (ABBA),
- * advancing side k's rows (tok[k], pos[k]: n[k] rows of batch b[k] on engine eng[k]) as a measured
- * step does. A decode step right after a probe pass reads ~20% slower in every stage than one right
+ * advancing side k's rows (tok[k], pos[k]: the b[k].n rows of batch b[k] on engine eng[k]) as a
+ * measured step does. A decode step right after a probe pass reads ~20% slower in every stage than one right
  * after another step (the Zen 5 host, 128-token context: 42-51 ms against 35-39 in 30 pairs); a
  * 0.3 s sleep or compute spin in its place did not remove it, nor did pinning the threads; one step
  * did. Without it the pair's first step (each side in turn) carried it, so the per-pair ratios
@@ -938,8 +938,7 @@ typedef struct ab_args {
  * solo pairs, with a probe pass after every pair, scattered ±20% per pair on the Zen 5 host before
  * their warm-up step (warm_pair), ±2.5% since; back-to-back steps of one engine ±2–3%). Side k steps
  * a batch of sk[k] streams (1: solo steps): with equal sizes both sides step the same streams, in
- * turn; with different ones (--batch-ab)
- * each side its own. Prints B against A: the per-pair ratio of the aggregate rates (tokens a second
+ * turn; with different ones (--batch-ab) each side its own. Prints B against A: the per-pair ratio of the aggregate rates (tokens a second
  * over the batch's streams), its median and quartiles, and the ratio over all steps. A stream's tokens
  * come from both sides in turn, so A's and B's logits are not compared here (the two-engine A/B and
  * the tests do that); b_model: whether B runs the model at all. */
@@ -1032,8 +1031,8 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     const char *const names[2] = {"A", "B"};
     if (paired_run(ea, names, 2, probe, plen, n, ab->trace, place, &po, err) < 0) goto done;
     printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order, after a warm-up step of"
-           " each, and followed by one probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against %.0f%% (%.0f–%.0f%%); tok/s"
-           " %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); %s\n",
+           " each, and followed by one probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against"
+           " %.0f%% (%.0f–%.0f%%); tok/s %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); %s\n",
            what, n, a, b, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
            po.rate_q[1], po.rate_q[0], po.rate_q[2],
            !b_model ? "logits not compared (B's are not the model's)"
