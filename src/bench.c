@@ -385,7 +385,7 @@ static void trace_summary(const char *const *names, int n_eng, int n, int ntps, 
 /* The warm-up before a measured pair: one unmeasured step of each side, in pair i's order (ABBA),
  * advancing side k's rows (tok[k], pos[k]: the b[k].n rows of batch b[k] on engine eng[k]) as a
  * measured step does. A decode step right after a probe pass reads ~20% slower in every stage than one right
- * after another step (the Zen 5 host, 128-token context: 42-51 ms against 35-39 in 30 pairs); a
+ * after another step (the Zen 5 host, 128-token context: 42-50 ms against 35-40 in most of 30 pairs); a
  * 0.3 s sleep or compute spin in its place did not remove it, nor did pinning the threads; one step
  * did. Without it the pair's first step (each side in turn) carried it, so the per-pair ratios
  * scattered ±15-20% and the medians read ~6 points low against steps back to back
