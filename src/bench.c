@@ -296,7 +296,8 @@ static double median(double *v, int n) {
 }
 
 /* Paired solo steps: one stream decodes n steps on each engine of eng[0..n_eng) (the solo path,
- * then the unify path where given). With two engines each step's pair runs back to back, in
+ * then the unify path where given), each pair after an unmeasured warm-up step of each engine
+ * (warm_pair), so 2n steps in all. With two engines each step's pair runs back to back, in
  * alternating order (AB, BA, AB, ...: neither engine always follows the probe's cache sweep),
  * the second once the first one's workers stopped spinning (quiesce), and one pass of the
  * probe's patterns follows the pair: each step's read rate over the best pattern's, so both
@@ -384,13 +385,13 @@ static void trace_summary(const char *const *names, int n_eng, int n, int ntps, 
 
 /* The warm-up before a measured pair: one unmeasured step of each side, in pair i's order (ABBA),
  * advancing side k's rows (tok[k], pos[k]: the b[k].n rows of batch b[k] on engine eng[k]) as a
- * measured step does. A decode step right after a probe pass reads ~20% slower in every stage than one right
- * after another step (the Zen 5 host, 128-token context: 42-50 ms against 35-40 in most of 30 pairs); a
- * 0.3 s sleep or compute spin in its place did not remove it, nor did pinning the threads; one step
- * did. Without it the pair's first step (each side in turn) carried it, so the per-pair ratios
- * scattered ±15-20% and the medians read ~6 points low against steps back to back
- * (bench/cpu-speed-log.md, fifty-second session). With `first` (V floats), row 0's logits of the two
- * steps are compared into *same. */
+ * measured step does. A decode step right after a probe pass reads ~20% slower in every stage than
+ * one right after another step (the Zen 5 host, 128-token context: 42-50 ms against 35-40 in most of
+ * 30 pairs); a 0.3 s sleep or compute spin in its place did not remove it, nor did pinning the
+ * threads; one step did. Without it the pair's first step (each side in turn) carried it, so the
+ * per-pair ratios scattered ±15-20% and the medians read ~6 points low against steps back to back
+ * (bench/cpu-speed-log.md, fifty-second session). With `first` (V floats), row 0's logits of the
+ * two steps are compared into *same. */
 static int warm_pair(engine *const eng[2], const engine_batch b[2], int32_t *const tok[2], int32_t *const pos[2],
                      int sides, int i, float *first, bool *same, ditto_err *err) {
     for (int kk = 0; kk < sides; kk++) {
@@ -553,16 +554,16 @@ fail:
 }
 
 /* Paired batched steps: one stream on the solo path and S streams in one batch decode n steps
- * on engine e, each pair of steps back to back in alternating order (as paired_run's) and
- * followed at once by one pass of the probe's patterns. Per step: each path's read rate over
- * the best pattern right after its pair, and the batch's rate in tok/s over the solo step's
- * (x: quartiles and median) — the ratio to solo at equal machine bandwidth, measured ~0.1 s
- * apart; x_all = the batch's aggregate rate over all n steps over the solo stream's (S x the
- * solo steps' summed time / the batch steps'). Row 0 of the batch has the solo stream's prompt
- * (both decode the same tokens), so *same = whether its logits equalled the solo stream's,
- * bitwise, at every step. With an engine made with profile, stage[k][j] = path k's (0: solo,
- * 1: batch) time and weight bytes per step in stage j, means over the n steps (n_stages
- * stages). Needs S + 1 free slots. */
+ * on engine e, each pair of steps back to back in alternating order after a warm-up step of each
+ * (as paired_run's; 2n steps in all) and followed at once by one pass of the probe's patterns.
+ * Per step: each path's read rate over the best pattern right after its pair, and the batch's
+ * rate in tok/s over the solo step's (x: quartiles and median) — the ratio to solo at equal
+ * machine bandwidth, measured ~0.1 s apart; x_all = the batch's aggregate rate over all n steps
+ * over the solo stream's (S x the solo steps' summed time / the batch steps'). Row 0 of the batch
+ * has the solo stream's prompt (both decode the same tokens), so *same = whether its logits
+ * equalled the solo stream's, bitwise, at every step. With an engine made with profile,
+ * stage[k][j] = path k's (0: solo, 1: batch) time and weight bytes per step in stage j, means over
+ * the n measured steps (n_stages stages). Needs S + 1 free slots. */
 typedef struct paired_batch_out {
     double q[2][3], tps[2], x[3], x_all;
     bool same;
@@ -938,10 +939,11 @@ typedef struct ab_args {
  * solo pairs, with a probe pass after every pair, scattered ±20% per pair on the Zen 5 host before
  * their warm-up step (warm_pair), ±2.5% since; back-to-back steps of one engine ±2–3%). Side k steps
  * a batch of sk[k] streams (1: solo steps): with equal sizes both sides step the same streams, in
- * turn; with different ones (--batch-ab) each side its own. Prints B against A: the per-pair ratio of the aggregate rates (tokens a second
- * over the batch's streams), its median and quartiles, and the ratio over all steps. A stream's tokens
- * come from both sides in turn, so A's and B's logits are not compared here (the two-engine A/B and
- * the tests do that); b_model: whether B runs the model at all. */
+ * turn; with different ones (--batch-ab) each side its own. Prints B against A: the per-pair ratio
+ * of the aggregate rates (tokens a second over the batch's streams), its median and quartiles, and
+ * the ratio over all steps. A stream's tokens come from both sides in turn, so A's and B's logits
+ * are not compared here (the two-engine A/B and the tests do that); b_model: whether B runs the
+ * model at all. */
 static int switch_ab_run(model *m, const engine_opts *va, const engine_opts *vb, const char *what, const char *a,
                          const char *b, bool b_model, int plen, const int sk[2], int n, ditto_err *err) {
     const bool shared = sk[0] == sk[1];
@@ -1032,7 +1034,8 @@ static int opts_ab_run(model *m, const engine_opts *va, const engine_opts *vb, c
     if (paired_run(ea, names, 2, probe, plen, n, ab->trace, place, &po, err) < 0) goto done;
     printf("\n%s (%d solo steps, A %s and B %s, each pair back to back in alternating order, after a warm-up step of"
            " each, and followed by one probe pass): B against A: %% of the best pattern %.0f%% (%.0f–%.0f%%) against"
-           " %.0f%% (%.0f–%.0f%%); tok/s %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles %.3f–%.3f); %s\n",
+           " %.0f%% (%.0f–%.0f%%); tok/s %.2f against %.2f; per-step tok/s ratio B / A, median %.3f (quartiles"
+           " %.3f–%.3f); %s\n",
            what, n, a, b, po.q[1][1], po.q[1][0], po.q[1][2], po.q[0][1], po.q[0][0], po.q[0][2], po.tps[1], po.tps[0],
            po.rate_q[1], po.rate_q[0], po.rate_q[2],
            !b_model ? "logits not compared (B's are not the model's)"
@@ -1111,7 +1114,7 @@ static int loads_only_run(model *m, const engine_opts *base, const ab_args *ab, 
 /* --unify-ab: the solo path (matrix-vector, the one-job step where that is the host's form) against
  * the batched path at one row (engine_opts.unify), the issue's "unify within 5%" goal. Paired on two
  * engines it compares their logits step by step; switched (--switch N) on one engine it resolves
- * ~0.5% where the two-engine pairing scatters ±5-15% per run. */
+ * ~0.5% (the two-engine pairing read ±5-15% a run before its warm-up step, ±2.5% a pair since). */
 static int unify_run(model *m, const engine_opts *base, const ab_args *ab, ditto_err *err) {
     engine_opts va = *base, vb = *base;
     va.unify = false;
@@ -1122,7 +1125,8 @@ static int unify_run(model *m, const engine_opts *base, const ab_args *ab, ditto
 /* --batch-ab S (with --switch N only): solo steps of one stream (A) against decode steps of a batch of
  * S other streams (B) on one engine, back to back: the issue's "aggregate decode at 6 streams ≥ 1.6x
  * the single-stream rate" as the ratio of the two aggregate rates, step pair by step pair. (The
- * paired batches of --streams 1,S --paired N put a probe pass after every pair and scatter ±15%.) */
+ * paired batches of --streams 1,S --paired N put a probe pass after every pair: ±15% a pair before their
+ * warm-up step, ±5-8% since.) */
 static int batch_switch_run(model *m, const engine_opts *base, int S, const ab_args *ab, ditto_err *err) {
     char b[48];
     snprintf(b, sizeof b, "a batch of %d streams", S);
@@ -1235,8 +1239,8 @@ int bench_cmd(int argc, char **argv) {
     engine_opts_default(&o);
     o.n_threads = threads;
     o.max_streams = max_s + (paired && max_s > 1); /* paired batches add a solo stream */
-    o.ctx = plen + DT_MAX(gen, DT_MAX(2 * paired, 2 * sw + 8)) + 1; 
-        /* a paired run's warm-up step before each pair; a switched A/B's pairs and warm-up steps */
+    /* a paired run: a warm-up and a measured step per pair; a switched A/B: its pairs and warm-up steps */
+    o.ctx = plen + DT_MAX(gen, DT_MAX(2 * paired, 2 * sw + 8)) + 1;
     o.max_rows = DT_MAX(max_s, DT_MIN(plen, chunk)); /* the prefill's rows per forward call */
     o.profile = profile;
     o.cpu_ahead = ahead;
@@ -1353,8 +1357,8 @@ int bench_cmd(int argc, char **argv) {
         const char *const names[2] = {"solo", "unify"};
         if (paired_run(pe, names, 2, probe, plen, paired, trace, place, &po, &err) < 0) goto fail;
         printf("\npaired (%d decode steps of one stream per path, the two paths' steps back to back in alternating order,"
-               " after an unmeasured warm-up step of each, each pair followed by one pass of the probe's %d patterns): step read rate %% of the best pattern right"
-               " after it\n\n",
+               " after an unmeasured warm-up step of each, each pair followed by one pass of the probe's %d patterns):"
+               " step read rate %% of the best pattern right after it\n\n",
                paired, BENCH_PATTERNS);
         printf("| path | median | quartiles | median tok/s | vs pattern 1 / 2 / 4 / 8 streams per thread, prefetch none |"
                " L1 1 KiB | kernels' |\n|---|---:|---|---:|---|---|---|\n");
@@ -1406,8 +1410,9 @@ int bench_cmd(int argc, char **argv) {
             if (ncc > 0) e->be->calls(e->be_state, pcc[npb - 1][1], BENCH_CALL_KINDS);
             if (!head)
                 printf("\npaired batches (%d steps of one solo stream and of S streams in one batch, back to back in"
-                       " alternating order, after an unmeasured warm-up step of each, each pair followed by one probe pass; row 0 of the batch has the solo stream's"
-                       " prompt; all steps = the aggregate rates over all the steps)\n\n"
+                       " alternating order, after an unmeasured warm-up step of each, each pair followed by one probe"
+                       " pass; row 0 of the batch has the solo stream's prompt; all steps = the aggregate rates over"
+                       " all the steps)\n\n"
                        "| streams | solo %% of probe | batch %% of probe (quartiles) | solo tok/s | batch tok/s |"
                        " x solo, per pair (quartiles) | x solo, all steps | row 0 = solo, bitwise |\n"
                        "|---:|---:|---|---:|---:|---|---:|---|\n", paired);
