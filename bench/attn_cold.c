@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
     uint64_t sink = 0;
     int same = 1;
     const char *ge = getenv("ATTN_COLD_GAP_MIB");
-    const size_t gap = ge ? (size_t)atoi(ge) << 20 : 0;
+    const size_t gap = ge && atoi(ge) > 0 ? (size_t)atoi(ge) << 20 : 0; /* MiB; none below 1 */
     size_t gap_at = 0;
     for (int r = 0; r < rounds; r++) {
         for (int s = 0; s < 2; s++) {
