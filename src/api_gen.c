@@ -50,7 +50,10 @@ static int get_num(const cJSON *o, const char *k, double lo, double hi, bool int
         return bad(E, k, "%s: expected %s", k, integer ? "an integer" : "a number");
     double v = it->valuedouble;
     if (integer && v != floor(v)) return bad(E, k, "%s: expected an integer, got %g", k, v);
-    if (v < lo || v > hi) return bad(E, k, "%s: %g is out of range [%g, %g]", k, v, lo, hi);
+    if (v < lo || v > hi) {
+        if (integer) return bad(E, k, "%s: %.0f is out of range [%.0f, %.0f]", k, v, lo, hi);
+        return bad(E, k, "%s: %g is out of range [%g, %g]", k, v, lo, hi);
+    }
     *out = v;
     if (set) *set = true;
     return 0;
@@ -121,7 +124,7 @@ static int parse_messages(api *A, const cJSON *root, gen *g, apierr *E) {
         const cJSON *role = opt(m, "role");
         snprintf(pname, sizeof pname, "messages[%d].role", i);
         if (!role || !cJSON_IsString(role)) {
-            bad(E, pname, "%s: expected one of system, user, assistant, tool", pname);
+            bad(E, pname, "%s: expected one of system, user, assistant, tool or developer", pname);
             goto out;
         }
         int k = 0;
@@ -133,12 +136,23 @@ static int parse_messages(api *A, const cJSON *root, gen *g, apierr *E) {
         cm[i].role = k == 4 ? "system" : roles[k];
         const cJSON *c = opt(m, "content");
         snprintf(pname, sizeof pname, "messages[%d].content", i);
-        if (!c) cm[i].content = "";
-        else if (cJSON_IsString(c)) cm[i].content = c->valuestring;
+        if (!c) {
+            if (k != 2) { /* only an assistant turn may come without content */
+                bad(E, pname, "%s: required for role %s", pname, roles[k]);
+                goto out;
+            }
+            cm[i].content = "";
+        } else if (cJSON_IsString(c))
+            cm[i].content = c->valuestring;
         else if (cJSON_IsArray(c)) {
             http_buf joined = {0};
             hbuf_add(&joined, "", 0);
             int np = cJSON_GetArraySize(c);
+            if (np == 0) {
+                hbuf_free(&joined);
+                bad(E, pname, "%s: an empty array of content parts", pname);
+                goto out;
+            }
             for (int j = 0; j < np; j++) {
                 const cJSON *part = cJSON_GetArrayItem(c, j);
                 const cJSON *type = cJSON_IsObject(part) ? opt(part, "type") : NULL;
@@ -287,7 +301,9 @@ static int parse_request(api *A, const cJSON *root, gen *g, apierr *E) {
     if (get_num(root, "min_p", 0, 1, false, &v, NULL, E)) return -1;
     g->sp.min_p = (float)v;
     set = false;
-    if (get_num(root, "seed", -9223372036854775808.0, 18446744073709551615.0, true, &v, &set, E)) return -1;
+    /* a JSON number arrives as a double: seeds beyond 2^53 lose their low bits; the upper bound is the
+     * largest double below 2^64, so the conversion to uint64_t stays defined */
+    if (get_num(root, "seed", -9223372036854775808.0, 18446744073709549568.0, true, &v, &set, E)) return -1;
     g->sp.seed = !set ? api_random(A) : v < 0 ? (uint64_t)(int64_t)v : (uint64_t)v;
     if (neutral_num(root, "presence_penalty", 0, E) || neutral_num(root, "frequency_penalty", 0, E) ||
         neutral_num(root, "repetition_penalty", 1, E))
@@ -351,9 +367,9 @@ static int parse_request(api *A, const cJSON *root, gen *g, apierr *E) {
     } else {
         if (g->n_prompt >= A->ctx)
             return api_fail(E, 400, MET_REJ_CONTEXT, "context_length_exceeded", what,
-                            "This model's maximum context length is %d tokens. However, your %s is %d tokens, which "
+                            "This model's maximum context length is %d tokens. However, your %s %s %d tokens, which "
                             "leaves no room for a completion.",
-                            A->ctx, what, g->n_prompt);
+                            A->ctx, what, chat ? "come to" : "is", g->n_prompt);
         g->max_tokens = A->ctx - g->n_prompt;
     }
     return 0;
@@ -803,6 +819,24 @@ static void respond_full(gen *g, http_req *r) {
 
 /* ---- entry ------------------------------------------------------------------------------------------ */
 
+/* The byte offset of the first \u0000 escape inside a JSON string of body[0..len), or -1: cJSON's
+ * strings end at a NUL, so such a string would be cut short without a word. */
+static long json_nul_escape(const char *body, size_t len) {
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = body[i];
+        if (!in_str) {
+            in_str = ch == '"';
+        } else if (ch == '"') {
+            in_str = false;
+        } else if (ch == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4)) return (long)i;
+            i++; /* the escaped character: a quote or backslash after it is not special */
+        }
+    }
+    return -1;
+}
+
 void api_generate(api *A, http_req *r, enum met_endpoint ep) {
     apierr E = {0};
     int ph = atomic_load(&A->phase);
@@ -825,6 +859,13 @@ void api_generate(api *A, http_req *r, enum met_endpoint ep) {
     while (end && end < body + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
     if (end && end < body + len) {
         bad(&E, NULL, "invalid JSON in the request body: unexpected data at byte %zu", (size_t)(end - body));
+        cJSON_Delete(root);
+        api_send_error(A, r, ep, &E);
+        return;
+    }
+    long nul = json_nul_escape(body, len);
+    if (nul >= 0) {
+        bad(&E, NULL, "a string in the request body contains \\u0000 (at byte %ld), which is not accepted", nul);
         cJSON_Delete(root);
         api_send_error(A, r, ep, &E);
         return;

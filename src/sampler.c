@@ -7,7 +7,6 @@
  * reaches top_p; draw with one uniform number against the cumulative mass. */
 #include "sampler.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "mathx.h"
@@ -58,19 +57,60 @@ typedef struct cand {
     int32_t id;
 } cand;
 
-size_t sampler_scratch_bytes(int n_vocab) { return (size_t)n_vocab * sizeof(cand); }
+/* Two candidate arrays: the list and the radix sort's other buffer. */
+size_t sampler_scratch_bytes(int n_vocab) { return 2 * (size_t)n_vocab * sizeof(cand); }
 
-static int cand_cmp(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
+/* A key whose ascending unsigned order is (logit descending), with -0 and +0 equal as
+ * under `>`; NaNs never reach it (the candidate filter drops them). */
+static uint32_t cand_key(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if ((b << 1) == 0) b = 0;                         /* -0 -> +0 */
+    uint32_t ord = (b >> 31) ? ~b : b | 0x80000000u; /* ascending with f */
+    return ~ord;
+}
+
+/* Sorts c[0..n) by (logit descending, id ascending) — the order of comparing logits
+ * by `>` and ties by id — with a stable LSD radix sort on cand_key over three digits
+ * (11, 11, 10 bits); c must arrive in ascending id order, so stability keeps equal
+ * logits by id. tmp holds n. Returns the sorted array (c or tmp). A digit every key
+ * shares is skipped. The qsort this replaced took ~10 ms a row at 152k candidates. */
+static cand *cand_sort(cand *c, cand *tmp, int n) {
+    enum { D0 = 11, D1 = 11, D2 = 10 };
+    static const int shift[3] = {0, D0, D0 + D1}, width[3] = {D0, D1, D2};
+    uint32_t hist[3][1 << 11];
+    memset(hist, 0, sizeof hist);
+    for (int i = 0; i < n; i++) {
+        uint32_t k = cand_key(c[i].logit);
+        for (int d = 0; d < 3; d++) hist[d][(k >> shift[d]) & ((1u << width[d]) - 1)]++;
+    }
+    cand *src = c, *dst = tmp;
+    for (int d = 0; d < 3; d++) {
+        uint32_t nb = 1u << width[d], sum = 0;
+        int single = 0;
+        for (uint32_t b = 0; b < nb; b++) {
+            if (hist[d][b] == (uint32_t)n) single = 1;
+            uint32_t h = hist[d][b];
+            hist[d][b] = sum;
+            sum += h;
+        }
+        if (single) continue;
+        for (int i = 0; i < n; i++) {
+            uint32_t b = (cand_key(src[i].logit) >> shift[d]) & (nb - 1);
+            dst[hist[d][b]++] = src[i];
+        }
+        cand *x = src;
+        src = dst;
+        dst = x;
+    }
+    return src;
 }
 
 int32_t sampler_sample(const sampler_params *p, const float *logits, int n_vocab, int64_t position, void *scratch) {
     if (!(p->temperature > 0.0f)) return sampler_argmax(logits, n_vocab);
     int32_t top = sampler_argmax(logits, n_vocab);
     float lmax = logits[top], inv_t = 1.0f / p->temperature;
-    cand *c = scratch;
+    cand *c = scratch, *tmp = c + n_vocab;
     int n = 0;
     /* exp((l - lmax)/T) >= 1e-9  <=>  (l - lmax)/T >= ln(1e-9) */
     const float cutoff = -20.7232658f;
@@ -78,7 +118,7 @@ int32_t sampler_sample(const sampler_params *p, const float *logits, int n_vocab
         float z = (logits[i] - lmax) * inv_t;
         if (z >= cutoff) c[n++] = (cand){logits[i], i};
     }
-    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    c = cand_sort(c, tmp, n);
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
     /* probabilities relative to the top token, summed in rank order */
     double total = 0.0;

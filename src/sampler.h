@@ -22,7 +22,7 @@ void sampler_params_default(sampler_params *p);
 double sampler_uniform(uint64_t seed, int64_t position);
 
 /* Chooses a token from logits[n_vocab] for absolute position `position`.
- * scratch must hold 2*n_vocab floats/ints (see sampler_scratch_bytes). */
+ * scratch must hold sampler_scratch_bytes(n_vocab) bytes, suitably aligned for float. */
 int32_t sampler_sample(const sampler_params *p, const float *logits, int n_vocab, int64_t position, void *scratch);
 size_t sampler_scratch_bytes(int n_vocab);
 

@@ -521,7 +521,31 @@ static void test_errors(server *s) {
     expect_error(s, C, "{" MSG ", \"min_p\": -1}", 400, "min_p", NULL, NULL);
     expect_error(s, C, "{" MSG ", \"seed\": \"x\"}", 400, "seed", NULL, NULL);
     expect_error(s, C, "{" MSG ", \"max_tokens\": 1.5}", 400, "max_tokens", NULL, NULL);
-    expect_error(s, C, "{" MSG ", \"max_tokens\": 0}", 400, "max_tokens", NULL, NULL);
+    expect_error(s, C, "{" MSG ", \"max_tokens\": 0}", 400, "max_tokens", NULL, "0 is out of range [1, 2147483647]");
+    expect_error(s, C, "{" MSG ", \"seed\": 1e20}", 400, "seed", NULL, NULL);
+    /* a NUL inside any string is refused, not cut short; an escaped backslash before "u0000" is text */
+    expect_error(s, T, "{\"prompt\": \"a\\u0000bcdef\", \"max_tokens\": 1}", 400, NULL, NULL, "u0000");
+    expect_error(s, C, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\\u0000 there\"}]}", 400, NULL, NULL,
+                 "u0000");
+    /* a user turn needs content; an assistant turn may come without */
+    expect_error(s, C, "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content", NULL, "required");
+    expect_error(s, C, "{\"messages\": [{\"role\": \"user\", \"content\": null}]}", 400, "messages[0].content", NULL,
+                 NULL);
+    expect_error(s, C, "{\"messages\": [{\"role\": \"user\", \"content\": []}]}", 400, "messages[0].content", NULL,
+                 NULL);
+    expect_error(s, C, "{\"messages\": [{\"content\": \"x\"}]}", 400, "messages[0].role", NULL, "developer");
+    {
+        const char *ok[][2] = {
+            {T, "{\"prompt\": \"a\\\\u0000\", \"max_tokens\": 1}"},
+            {C, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\"}], \"max_tokens\": 1}"},
+        };
+        for (int i = 0; i < 2; i++) {
+            resp r;
+            CHECK(!post(s, ok[i][0], ok[i][1], &r) && r.status == 200, "%s: status %d, want 200 (%s)", ok[i][1], r.status,
+                  r.body ? r.body : "");
+            resp_free(&r);
+        }
+    }
     expect_error(s, C, "{" MSG ", \"max_completion_tokens\": \"9\"}", 400, "max_completion_tokens", NULL, NULL);
     expect_error(s, C, "{" MSG ", \"stream\": \"yes\"}", 400, "stream", NULL, NULL);
     expect_error(s, C, "{" MSG ", \"stream_options\": {\"include_usage\": 1}}", 400, "stream_options.include_usage",
