@@ -489,6 +489,7 @@ static void release_text(gen *g, http_buf *out, bool final) {
         }
         if (best != SIZE_MAX) {
             hbuf_add(out, h->p, best);
+            g->released += best;
             h->n = 0;
             g->text_done = true;
             g->finish = FIN_STOP;
@@ -504,13 +505,24 @@ static void release_text(gen *g, http_buf *out, bool final) {
                         break;
                     }
             hbuf_add(out, h->p, h->n - keep);
+            g->released += h->n - keep;
             memmove(h->p, h->p + h->n - keep, keep);
             h->n = keep;
             return;
         }
     }
     hbuf_add(out, h->p, h->n);
+    g->released += h->n;
     h->n = 0;
+}
+
+/* The end of the tokens in [from, to) whose text began inside the released text: the
+ * logprobs that may go out (a token cut off whole by a stop string never does). */
+static int lp_visible_end(const gen *g, int from, int to) {
+    if (!g->lp) return to;
+    to = DT_MIN(to, g->max_tokens);
+    while (from < to && g->lp[from].start < g->released) from++;
+    return from;
 }
 
 static void feed(gen *g, int32_t t, http_buf *out) {
@@ -529,11 +541,13 @@ static void feed(gen *g, int32_t t, http_buf *out) {
         pthread_mutex_unlock(&g->mu);
         g->lp[idx].id = t;
         g->lp[idx].hidden = hidden;
+        g->lp[idx].start = g->pushed;
     }
     if (!hidden) {
         size_t n;
         const char *p = detok_stream_push(&g->ds, t, &n);
         hbuf_add(&g->hold, p, n);
+        g->pushed += n;
     }
     release_text(g, out, false);
 }
@@ -556,6 +570,7 @@ static void pump(gen *g, int wait_ms, http_buf *out) {
                     size_t k;
                     const char *p = detok_stream_flush(&g->ds, &k);
                     hbuf_add(&g->hold, p, k);
+                    g->pushed += k;
                     release_text(g, out, true);
                 }
             }
@@ -634,7 +649,7 @@ static void write_logprobs(gen *g, http_buf *b, int from, int to) {
         hbuf_puts(&lps, sep);
         jnum(&lps, e->lp);
         hbuf_printf(&offs, "%s%zu", sep, g->lp_off);
-        g->lp_off += n;
+        for (size_t j = 0; j < n; j++) g->lp_off += ((unsigned char)p[j] & 0xC0) != 0x80; /* characters */
         hbuf_puts(&tops, sep);
         hbuf_puts(&tops, "{");
         for (int j = 0; j < e->n_top; j++) {
@@ -767,8 +782,9 @@ static int sse_produce(void *ctx, http_buf *out) {
     http_buf text = {0};
     int from = g->lp_sent;
     pump(g, POLL_MS, &text);
-    g->lp_sent = g->n_tok;
-    if (text.n || (g->lp && g->n_tok > from)) sse_chunk(g, out, text.p ? text.p : "", text.n, from, g->n_tok, false, NULL);
+    int to = lp_visible_end(g, from, g->n_tok);
+    g->lp_sent = to;
+    if (text.n || to > from) sse_chunk(g, out, text.p ? text.p : "", text.n, from, to, false, NULL);
     hbuf_free(&text);
     if (!g->done) return 1;
     if (atomic_load(&g->gone)) return -1;
@@ -807,7 +823,7 @@ static void respond_full(gen *g, http_req *r) {
     hbuf_puts(&o, chat ? "\"message\":{\"role\":\"assistant\",\"content\":" : "\"text\":");
     jstr(&o, g->text.p ? g->text.p : "", g->text.n);
     hbuf_puts(&o, chat ? "},\"logprobs\":" : ",\"logprobs\":");
-    write_logprobs(g, &o, 0, g->n_tok);
+    write_logprobs(g, &o, 0, lp_visible_end(g, 0, g->n_tok));
     hbuf_puts(&o, ",\"finish_reason\":");
     jstr_c(&o, finish_name(g->finish));
     hbuf_puts(&o, "}],\"usage\":");

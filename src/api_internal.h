@@ -70,6 +70,7 @@ typedef struct lp_entry {
     float lp;
     int32_t id;
     bool hidden; /* a control token (EOS, <|im_end|>): not part of the text */
+    size_t start; /* bytes of decoded text before this token's (stop strings not yet cut) */
     int n_top;
     int32_t top_id[API_MAX_TOP_LOGPROBS];
     float top_lp[API_MAX_TOP_LOGPROBS];
@@ -109,7 +110,9 @@ struct gen {
     bool text_done, done;
     int finish;
     int lp_sent;   /* tokens whose logprobs went out (streaming) */
-    size_t lp_off; /* text_offset of the next token (completions logprobs) */
+    size_t lp_off; /* text_offset of the next token, in characters (completions logprobs) */
+    size_t pushed;   /* bytes of decoded text so far, held or released */
+    size_t released; /* bytes of text released to the client (what a stop string cut never is) */
     http_buf text; /* non-streaming: the whole completion */
     /* SSE */
     bool sent_head, sse_done;

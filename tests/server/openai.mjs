@@ -59,13 +59,19 @@ async function completionStream(params) {
   let text = '';
   let finish = null;
   let usage = null;
+  const tokens = [];
+  const offsets = [];
   for await (const ch of stream) {
     if (ch.usage) usage = ch.usage;
     if (!ch.choices.length) continue;
     text += ch.choices[0].text;
+    if (ch.choices[0].logprobs) {
+      tokens.push(...ch.choices[0].logprobs.tokens);
+      offsets.push(...ch.choices[0].logprobs.text_offset);
+    }
     if (ch.choices[0].finish_reason) finish = ch.choices[0].finish_reason;
   }
-  return { text, finish, usage };
+  return { text, finish, usage, tokens, offsets };
 }
 
 let model = 'unknown';
@@ -167,6 +173,38 @@ await test('completions logprobs', async () => {
   const lp = r.choices[0].logprobs;
   assert(lp.tokens.length === 5 && lp.token_logprobs.length === 5 && lp.top_logprobs.length === 5, 'lengths');
   eq(lp.tokens.join(''), r.choices[0].text, 'tokens spell the text');
+});
+
+await test('completions logprobs end with the text a stop string cut', async () => {
+  const full = await client.completions.create({ model, prompt: 'In the beginning', max_tokens: 16, temperature: 0, logprobs: 1 });
+  const lf = full.choices[0].logprobs;
+  // a stop string from the last character of token j into token j + 1, found nowhere earlier: the text ends
+  // inside token j, so token j + 1 (which completed the match) must not come back
+  const text = full.choices[0].text;
+  const ascii = (s) => /^[\x20-\x7e]+$/.test(s);
+  let j = 2;
+  let cut = -1;
+  let stop = '';
+  for (; j < lf.tokens.length - 2; j++) {
+    if (lf.tokens[j].length < 2 || !ascii(lf.tokens.slice(0, j + 2).join(''))) continue;
+    cut = lf.text_offset[j + 1] - 1;
+    stop = text.slice(cut, cut + 3);
+    if (text.indexOf(stop) === cut) break;
+  }
+  assert(j < lf.tokens.length - 2 && lf.tokens.length === 16, `a stop string across tokens j, j + 1 (${JSON.stringify(stop)})`);
+  const params = { model, prompt: 'In the beginning', max_tokens: 16, temperature: 0, logprobs: 1, stop };
+  const r = await client.completions.create(params);
+  const s = await completionStream(params);
+  for (const [what, text, tokens, offsets] of [['non-streamed', r.choices[0].text, r.choices[0].logprobs.tokens,
+    r.choices[0].logprobs.text_offset], ['streamed', s.text, s.tokens, s.offsets]]) {
+    const chars = [...text].length;
+    eq(text, full.choices[0].text.slice(0, cut), `${what}: the text up to the stop string`);
+    eq(tokens.length, j + 1, `${what}: tokens up to the one the stop string begins in`);
+    assert(tokens.join('').startsWith(text), `${what}: the tokens spell the text`);
+    assert(tokens.slice(0, -1).join('').length < text.length, `${what}: the last token begins inside the text`);
+    assert(offsets.every((o) => o < chars), `${what}: every text_offset inside the text (${offsets} of ${chars})`);
+    eq(offsets, lf.text_offset.slice(0, offsets.length), `${what}: the offsets of the uncut run`);
+  }
 });
 
 await test('concurrent streams return their solo text', async () => {
