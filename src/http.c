@@ -220,6 +220,16 @@ static enum MHD_Result dispatch(http_req *r) {
     return r->result;
 }
 
+/* Counts Content-Length headers whose value differs from the first one's. */
+static enum MHD_Result count_lengths(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    const char **first = ((const char **)cls);
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) return MHD_YES;
+    if (!first[0]) first[0] = value ? value : "";
+    else if (strcmp(first[0], value ? value : "")) first[1] = first[0]; /* a conflict */
+    return MHD_YES;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -235,6 +245,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         memcpy(r->path, url, ul);
         r->path[ul] = 0;
         *con_cls = r;
+        const char *lens[2] = {NULL, NULL};
+        MHD_get_connection_values(c, MHD_HEADER_KIND, count_lengths, lens);
+        if (lens[1]) { /* RFC 9112 6.3: conflicting lengths leave the framing unknown */
+            r->dispatched = true;
+            static const char msg[] = "{\"error\":{\"message\":\"conflicting Content-Length headers\","
+                                      "\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}";
+            static const char *const close_hdr[] = {"Connection", "close", NULL};
+            http_respond(r, 400, "application/json", msg, sizeof msg - 1, close_hdr);
+            return r->result;
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;

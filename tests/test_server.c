@@ -617,6 +617,21 @@ static void test_errors(server *s) {
     resp_free(&r);
     CHECK(!request(s, "GET", "/health", NULL, NULL, &r) && r.status == 200, "/health is public: %d", r.status);
     resp_free(&r);
+    /* 400: two Content-Length headers that disagree (the request's framing is unknown) */
+    {
+        static const char b2[] = "{\"prompt\": \"In the beginning\", \"max_tokens\": 1}";
+        int fd2 = send_req(s, "POST", "/v1/completions", s->key, "Content-Length: 2\r\n", b2, sizeof b2 - 1);
+        CHECK(fd2 >= 0, "conflicting lengths: request sent");
+        if (fd2 >= 0) {
+            size_t n;
+            char *raw = read_all(fd2, &n);
+            close(fd2);
+            CHECK(!parse_resp(raw, n, &r), "conflicting lengths: response parsed");
+            check_error("conflicting Content-Length", &r, 400, NULL, NULL, "Content-Length");
+            resp_free(&r);
+            free(raw);
+        }
+    }
     /* 413: a body over 1 MiB, sent whole (no Expect) */
     size_t big = (1 << 20) + 100;
     char *body = xmalloc(big + 1);
