@@ -76,6 +76,9 @@ typedef struct backend_ops {
      * e.g. "weights prepared in memory 16341.8 MiB (100% on huge pages), token embedding copied 243.4 MiB"
      * (prepared: the quantized matrices repacked, the float router copied as it is). */
     void (*memory)(void *state, char *buf, size_t cap);
+    /* Runs fn(ctx, ith, nth) once on each of the backend's nth host threads (ith = 0..nth-1) and
+     * returns when all are done; between forward calls only. NULL where the backend has none. */
+    void (*host_parallel)(void *state, void (*fn)(void *ctx, int ith, int nth), void *ctx);
     void (*destroy)(void *state);
 } backend_ops;
 

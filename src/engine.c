@@ -76,6 +76,13 @@ void engine_free(engine *e) {
     free(e);
 }
 
+int engine_host_threads(const engine *e) { return e->be->host_parallel ? e->opts.n_threads : 1; }
+
+void engine_parallel(engine *e, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
+    if (e->be->host_parallel) e->be->host_parallel(e->be_state, fn, ctx);
+    else fn(ctx, 0, 1);
+}
+
 int engine_forward(engine *e, const engine_batch *b, ditto_err *err) {
     if (b->n < 1 || b->n > e->opts.max_rows)
         return err_set(err, "batch of %d rows (must be 1..%d)", b->n, e->opts.max_rows);

@@ -49,6 +49,11 @@ void engine_free(engine *e);
  * want_logits rows), or -1 with err. */
 int engine_forward(engine *e, const engine_batch *b, ditto_err *err);
 
+/* Runs fn(ctx, ith, nth) on the backend's host threads (nth = engine_host_threads), or on
+ * the caller alone (nth 1); between forward calls only (the step thread's sampling). */
+void engine_parallel(engine *e, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+int engine_host_threads(const engine *e);
+
 /* 64-bit FNV-1a over the bytes of n floats (logits hashes). */
 uint64_t engine_hash_floats(const float *x, size_t n);
 

@@ -49,7 +49,9 @@ struct sched {
     uint8_t *want;
     sched_stream **row_stream;  /* per logits row */
     int32_t *row_token;
-    void *scratch;
+    char *scratch;              /* a sampler's scratch per host thread, scratch_bytes each */
+    size_t scratch_bytes;
+    int n_out;                  /* logits rows of the step being sampled */
     sched_stream **ended;       /* streams finished this step */
 };
 
@@ -85,7 +87,8 @@ int sched_create(sched **out, engine *e, const sched_opts *o, ditto_err *err) {
     s->row_stream = xcalloc((size_t)R, sizeof(sched_stream *));
     s->row_token = xcalloc((size_t)R, sizeof(int32_t));
     s->ended = xcalloc((size_t)S + (size_t)s->qcap, sizeof(sched_stream *));
-    s->scratch = xmalloc(sampler_scratch_bytes(e->m->hp.n_vocab));
+    s->scratch_bytes = (sampler_scratch_bytes(e->m->hp.n_vocab) + 63) & ~(size_t)63;
+    s->scratch = xmalloc(s->scratch_bytes * (size_t)engine_host_threads(e));
     *out = s;
     return 0;
 }
@@ -283,6 +286,20 @@ static void notify_ended(sched *s, int n_ended) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Rows ith, ith + nth, ... of the step's logits: their hashes (where kept) and draws. */
+static void sample_rows(void *ctx, int ith, int nth) {
+    sched *s = ctx;
+    const engine *e = s->e;
+    int V = e->m->hp.n_vocab;
+    void *scratch = s->scratch + (size_t)ith * s->scratch_bytes;
+    for (int i = ith; i < s->n_out; i += nth) {
+        sched_stream *st = s->row_stream[i];
+        const float *lg = e->logits + (size_t)i * V;
+        if (st->hashes) st->hashes[st->n_gen] = engine_hash_floats(lg, (size_t)V);
+        s->row_token[i] = sampler_sample(&st->sp, lg, V, (int64_t)st->n_prompt + st->n_gen, scratch);
+    }
+}
+
 int sched_step(sched *s, ditto_err *err) {
     engine *e = s->e;
     int n_ended = 0;
@@ -353,14 +370,12 @@ int sched_step(sched *s, ditto_err *err) {
         if (got >= 0) err_set(err, "internal: %d logits rows for %d requested", got, n_out);
         return -1;
     }
-    /* sampling needs no lock: only this thread touches admitted streams' generation */
-    int V = e->m->hp.n_vocab;
-    for (int i = 0; i < n_out; i++) {
-        sched_stream *st = s->row_stream[i];
-        const float *lg = e->logits + (size_t)i * V;
-        if (st->hashes) st->hashes[st->n_gen] = engine_hash_floats(lg, (size_t)V);
-        s->row_token[i] = sampler_sample(&st->sp, lg, V, (int64_t)st->n_prompt + st->n_gen, s->scratch);
-    }
+    /* sampling needs no lock: only the step (and, through it, the host threads it runs the rows on)
+     * touches admitted streams' generation; a row's draw depends on nothing but its own row */
+    s->n_out = n_out;
+    if (n_out > 1) engine_parallel(e, sample_rows, s);
+    else sample_rows(s, 0, 1);
+    size_t V = (size_t)e->m->hp.n_vocab;
     pthread_mutex_lock(&s->mu);
     s->st.steps++;
     s->st.step_seconds += dt;

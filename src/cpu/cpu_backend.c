@@ -1431,6 +1431,11 @@ static void cpu_destroy(void *state) {
     free(st);
 }
 
+static void cpu_host_parallel(void *s, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
+    cpu_state *st = s;
+    pool_run(st->pool, fn, ctx);
+}
+
 const backend_ops cpu_backend_ops = {.name = "cpu",
                                      .create = cpu_create,
                                      .retune = cpu_retune,
@@ -1440,4 +1445,5 @@ const backend_ops cpu_backend_ops = {.name = "cpu",
                                      .calls = cpu_calls,
                                      .describe = cpu_describe,
                                      .memory = cpu_memory,
+                                     .host_parallel = cpu_host_parallel,
                                      .destroy = cpu_destroy};
