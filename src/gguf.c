@@ -97,7 +97,8 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t idx) {
     kv->key = xmalloc(klen + 1);
     memcpy(kv->key, key, klen);
     kv->key[klen] = 0;
-    if (rd_u32(c, &kv->type, "metadata value type")) return -1;
+    snprintf(field, sizeof field, "value type of metadata key '%.*s'", (int)DT_MIN(klen, (uint64_t)120), key);
+    if (rd_u32(c, &kv->type, field)) return -1;
     if (kv->type >= GGUF_VT_COUNT)
         return err_set(c->err, "%s: metadata key '%s' has unknown value type %u", c->file, kv->key, kv->type);
     if (kv->type == GGUF_VT_STRING) {
@@ -239,8 +240,9 @@ static int parse(gguf_file *f, ditto_err *err) {
             return err_set(err, "%s: general.alignment has type %s (need uint32)", f->path,
                            gguf_vtype_name(al->type));
         uint64_t a = al->v.u;
-        if (a == 0 || (a & (a - 1)) || a > GGUF_MAX_ALIGNMENT)
-            return err_set(err, "%s: general.alignment = %llu (must be a power of two <= %d)", f->path,
+        /* at least 4: every tensor's data must sit aligned for its element type (f32, block scales) */
+        if (a < 4 || (a & (a - 1)) || a > GGUF_MAX_ALIGNMENT)
+            return err_set(err, "%s: general.alignment = %llu (must be a power of two from 4 to %d)", f->path,
                            (unsigned long long)a, GGUF_MAX_ALIGNMENT);
         f->alignment = a;
     }

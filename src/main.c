@@ -219,9 +219,11 @@ static int cmd_run(int argc, char **argv) {
         cur = sampler_argmax(e->logits, V);
         if (tok) {
             if (tokenizer_is_eog(tok, cur)) break;
-            size_t len;
-            const char *piece = detok_stream_push(&ds, cur, &len);
-            fwrite(piece, 1, len, stdout);
+            if (cur < tokenizer_n_vocab(tok)) { /* a model row past the tokenizer's list (padding): no text */
+                size_t len;
+                const char *piece = detok_stream_push(&ds, cur, &len);
+                fwrite(piece, 1, len, stdout);
+            }
         } else {
             printf("%d%s", cur, step + 1 < n_gen ? " " : "\n");
         }

@@ -111,6 +111,14 @@ static int load_hparams(model *m, ditto_err *err) {
     if (hp->n_head % hp->n_head_kv)
         return err_set(err, "%s: head_count %d is not a multiple of head_count_kv %d", f->path, hp->n_head,
                        hp->n_head_kv);
+    /* bounds before anything is sized by them: a layer holds several tensors, and the
+     * attention widths are ints (far above any real model's, far below overflow) */
+    if ((uint64_t)hp->n_layer > f->n_tensors)
+        return err_set(err, "%s: block_count %d exceeds the file's %llu tensors", f->path, hp->n_layer,
+                       (unsigned long long)f->n_tensors);
+    if ((int64_t)hp->n_head * hp->head_dim > (1 << 24) || hp->n_embd > (1 << 24))
+        return err_set(err, "%s: attention width head_count %d x key_length %d or embedding_length %d is too large",
+                       f->path, hp->n_head, hp->head_dim, hp->n_embd);
     if (vlen != hp->head_dim)
         return err_set(err, "%s: attention.value_length %d differs from key_length %d (unsupported)", f->path,
                        vlen, hp->head_dim);

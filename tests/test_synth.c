@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "model.h"
 #include "quant.h"
 #include "synth.h"
 #include "test.h"
@@ -428,6 +429,53 @@ static void test_cmd(void) {
     CHECK(run_cmd(novalue, 2) == 2, "-o without a value");
 }
 
+/* Geometry that would size allocations or overflow an int is refused by name before anything is
+ * allocated: a synthetic file with one metadata value patched (found by its key's bytes). */
+static void test_bad_geometry(void) {
+    char path[256], bad[256];
+    tmp_path(path, sizeof path, "geo");
+    tmp_path(bad, sizeof bad, "geobad");
+    const char *args[] = {"synth", "-o", path, "--preset", "tiny", "--layers", "1", "--vocab", "512", "--quiet"};
+    CHECK(run_cmd(args, 10) == 0, "synth for the geometry cases");
+    size_t len = 0;
+    uint8_t *b = read_all(path, &len);
+    struct {
+        const char *key;
+        uint32_t value;
+        const char *msg;
+    } cases[] = {{"qwen3moe.block_count", 1u << 30, "block_count"},
+                 {"qwen3moe.block_count", 1u << 20, "block_count"},
+                 {"qwen3moe.attention.head_count", 1u << 30, "too large"},
+                 {"qwen3moe.attention.head_count", 1u << 27, "too large"}};
+    for (size_t i = 0; b && i < sizeof cases / sizeof cases[0]; i++) {
+        size_t kl = strlen(cases[i].key);
+        uint8_t *at = NULL;
+        for (size_t o = 8; o + kl + 8 <= len && !at; o++)
+            if (!memcmp(b + o, cases[i].key, kl) && (o < 8 || b[o - 8] == kl)) at = b + o + kl;
+        CHECK(at != NULL, "%s found in the file", cases[i].key);
+        if (!at) continue;
+        uint8_t *c = xmalloc(len);
+        memcpy(c, b, len);
+        uint32_t v = cases[i].value;
+        memcpy(c + (at - b) + 4, &v, 4); /* after the u32 value type */
+        FILE *fp = fopen(bad, "wb");
+        CHECK(fp && fwrite(c, 1, len, fp) == len, "write %s", bad);
+        if (fp) fclose(fp);
+        free(c);
+        model *m = NULL;
+        ditto_err err = {0};
+        double t0 = time_now();
+        int rc = model_load(&m, bad, &err);
+        CHECK(rc != 0 && strstr(err.msg, cases[i].msg), "%s = %u refused naming '%s': %s", cases[i].key, v,
+              cases[i].msg, rc ? err.msg : "loaded");
+        CHECK(time_now() - t0 < 5.0, "%s = %u refused at once (%.1f s)", cases[i].key, v, time_now() - t0);
+        if (!rc) model_free(m);
+    }
+    free(b);
+    unlink(bad);
+    unlink(path);
+}
+
 int main(void) {
     double t0 = time_now();
     test_presets();
@@ -435,6 +483,7 @@ int main(void) {
     test_tokenizer();
     test_determinism();
     test_cmd();
+    test_bad_geometry();
     printf("test_synth: %.1f s\n", time_now() - t0);
     return test_summary();
 }
