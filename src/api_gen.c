@@ -490,6 +490,7 @@ static void release_text(gen *g, http_buf *out, bool final) {
         if (best != SIZE_MAX) {
             hbuf_add(out, h->p, best);
             g->released += best;
+            g->stop_cut = true;
             h->n = 0;
             g->text_done = true;
             g->finish = FIN_STOP;
@@ -519,8 +520,9 @@ static void release_text(gen *g, http_buf *out, bool final) {
 /* The end of the tokens in [from, to) whose text began inside the released text: the
  * logprobs that may go out (a token cut off whole by a stop string never does). */
 static int lp_visible_end(const gen *g, int from, int to) {
-    if (!g->lp) return to;
+    if (!g->lp) return from;
     to = DT_MIN(to, g->max_tokens);
+    if (g->text_done && !g->stop_cut) return DT_MAX(from, to); /* all of it went out */
     while (from < to && g->lp[from].start < g->released) from++;
     return from;
 }
@@ -835,12 +837,14 @@ static void respond_full(gen *g, http_req *r) {
 
 /* ---- entry ------------------------------------------------------------------------------------------ */
 
-/* The byte offset of the first \u0000 escape inside a JSON string of body[0..len), or -1: cJSON's
- * strings end at a NUL, so such a string would be cut short without a word. */
+/* The byte offset of the first NUL in body[0..len) — a raw 0 byte anywhere, or a \u0000 escape
+ * inside a JSON string — or -1: cJSON's strings end at a NUL (it accepts a raw one too), so such a
+ * string would be cut short without a word. */
 static long json_nul_escape(const char *body, size_t len) {
     bool in_str = false;
     for (size_t i = 0; i < len; i++) {
         char ch = body[i];
+        if (ch == '\0') return (long)i;
         if (!in_str) {
             in_str = ch == '"';
         } else if (ch == '"') {
@@ -881,7 +885,8 @@ void api_generate(api *A, http_req *r, enum met_endpoint ep) {
     }
     long nul = json_nul_escape(body, len);
     if (nul >= 0) {
-        bad(&E, NULL, "a string in the request body contains \\u0000 (at byte %ld), which is not accepted", nul);
+        bad(&E, NULL, "the request body holds a NUL character (\\u0000 or a 0 byte, at byte %ld), which is not accepted",
+            nul);
         cJSON_Delete(root);
         api_send_error(A, r, ep, &E);
         return;

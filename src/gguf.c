@@ -97,7 +97,7 @@ static int parse_kv(cursor *c, gguf_kv *kv, uint64_t idx) {
     kv->key = xmalloc(klen + 1);
     memcpy(kv->key, key, klen);
     kv->key[klen] = 0;
-    snprintf(field, sizeof field, "value type of metadata key '%.*s'", (int)DT_MIN(klen, (uint64_t)120), key);
+    snprintf(field, sizeof field, "value type of metadata key '%.*s'", (int)DT_MIN(klen, (uint64_t)60), key);
     if (rd_u32(c, &kv->type, field)) return -1;
     if (kv->type >= GGUF_VT_COUNT)
         return err_set(c->err, "%s: metadata key '%s' has unknown value type %u", c->file, kv->key, kv->type);

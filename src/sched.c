@@ -88,7 +88,7 @@ int sched_create(sched **out, engine *e, const sched_opts *o, ditto_err *err) {
     s->row_token = xcalloc((size_t)R, sizeof(int32_t));
     s->ended = xcalloc((size_t)S + (size_t)s->qcap, sizeof(sched_stream *));
     s->scratch_bytes = (sampler_scratch_bytes(e->m->hp.n_vocab) + 63) & ~(size_t)63;
-    s->scratch = xmalloc(s->scratch_bytes * (size_t)engine_host_threads(e));
+    s->scratch = xmalloc(s->scratch_bytes * (size_t)DT_MIN(engine_host_threads(e), R)); /* a thread per row at most */
     *out = s;
     return 0;
 }
@@ -289,6 +289,7 @@ static void notify_ended(sched *s, int n_ended) {
 /* Rows ith, ith + nth, ... of the step's logits: their hashes (where kept) and draws. */
 static void sample_rows(void *ctx, int ith, int nth) {
     sched *s = ctx;
+    if (ith >= s->n_out) return;
     const engine *e = s->e;
     int V = e->m->hp.n_vocab;
     void *scratch = s->scratch + (size_t)ith * s->scratch_bytes;

@@ -170,10 +170,11 @@ static int parse_resp(char *raw, size_t n, resp *r) {
     return 0;
 }
 
-static int request(const server *s, const char *method, const char *path, const char *key, const char *body,
-                   resp *r) {
+/* One request with extra header lines and a body of n bytes; the response parsed into r. */
+static int request_raw(const server *s, const char *method, const char *path, const char *key, const char *extra,
+                       const char *body, size_t n_body, resp *r) {
     memset(r, 0, sizeof *r);
-    int fd = send_req(s, method, path, key, NULL, body, body ? strlen(body) : 0);
+    int fd = send_req(s, method, path, key, extra, body, n_body);
     if (fd < 0) return -1;
     size_t n;
     char *raw = read_all(fd, &n);
@@ -181,6 +182,11 @@ static int request(const server *s, const char *method, const char *path, const 
     int rc = parse_resp(raw, n, r);
     free(raw);
     return rc;
+}
+
+static int request(const server *s, const char *method, const char *path, const char *key, const char *body,
+                   resp *r) {
+    return request_raw(s, method, path, key, NULL, body, body ? strlen(body) : 0, r);
 }
 
 static int post(const server *s, const char *path, const char *body, resp *r) {
@@ -527,6 +533,13 @@ static void test_errors(server *s) {
     expect_error(s, T, "{\"prompt\": \"a\\u0000bcdef\", \"max_tokens\": 1}", 400, NULL, NULL, "u0000");
     expect_error(s, C, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\\u0000 there\"}]}", 400, NULL, NULL,
                  "u0000");
+    {
+        static const char raw0[] = "{\"prompt\": \"ab\0cd\", \"max_tokens\": 1}"; /* a raw 0 byte, which cJSON accepts */
+        resp r0;
+        CHECK(!request_raw(s, "POST", T, s->key, NULL, raw0, sizeof raw0 - 1, &r0), "raw NUL: response parsed");
+        check_error("raw NUL in a string", &r0, 400, NULL, NULL, "NUL");
+        resp_free(&r0);
+    }
     /* a user turn needs content; an assistant turn may come without */
     expect_error(s, C, "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content", NULL, "required");
     expect_error(s, C, "{\"messages\": [{\"role\": \"user\", \"content\": null}]}", 400, "messages[0].content", NULL,
@@ -618,20 +631,11 @@ static void test_errors(server *s) {
     CHECK(!request(s, "GET", "/health", NULL, NULL, &r) && r.status == 200, "/health is public: %d", r.status);
     resp_free(&r);
     /* 400: two Content-Length headers that disagree (the request's framing is unknown) */
-    {
-        static const char b2[] = "{\"prompt\": \"In the beginning\", \"max_tokens\": 1}";
-        int fd2 = send_req(s, "POST", "/v1/completions", s->key, "Content-Length: 2\r\n", b2, sizeof b2 - 1);
-        CHECK(fd2 >= 0, "conflicting lengths: request sent");
-        if (fd2 >= 0) {
-            size_t n;
-            char *raw = read_all(fd2, &n);
-            close(fd2);
-            CHECK(!parse_resp(raw, n, &r), "conflicting lengths: response parsed");
-            check_error("conflicting Content-Length", &r, 400, NULL, NULL, "Content-Length");
-            resp_free(&r);
-            free(raw);
-        }
-    }
+    static const char b2[] = "{\"prompt\": \"In the beginning\", \"max_tokens\": 1}";
+    CHECK(!request_raw(s, "POST", "/v1/completions", s->key, "Content-Length: 2\r\n", b2, sizeof b2 - 1, &r),
+          "conflicting lengths: response parsed");
+    check_error("conflicting Content-Length", &r, 400, NULL, NULL, "Content-Length");
+    resp_free(&r);
     /* 413: a body over 1 MiB, sent whole (no Expect) */
     size_t big = (1 << 20) + 100;
     char *body = xmalloc(big + 1);
@@ -639,19 +643,11 @@ static void test_errors(server *s) {
     memcpy(body, "{\"prompt\": \"", 12);
     memcpy(body + big - 2, "\"}", 2);
     body[big] = 0;
-    int fd = send_req(s, "POST", "/v1/completions", s->key, NULL, body, big);
-    CHECK(fd >= 0, "413 request sent");
-    if (fd >= 0) {
-        size_t n;
-        char *raw = read_all(fd, &n);
-        close(fd);
-        CHECK(!parse_resp(raw, n, &r), "413 response parsed");
-        check_error("body over 1 MiB", &r, 413, NULL, "request_too_large", NULL);
-        resp_free(&r);
-        free(raw);
-    }
+    CHECK(!request_raw(s, "POST", "/v1/completions", s->key, NULL, body, big, &r), "413 response parsed");
+    check_error("body over 1 MiB", &r, 413, NULL, "request_too_large", NULL);
+    resp_free(&r);
     /* and with Expect: 100-continue the answer comes before the body is sent */
-    fd = connect_to(s->port);
+    int fd = connect_to(s->port);
     if (fd >= 0) {
         char head[512];
         int k = snprintf(head, sizeof head,

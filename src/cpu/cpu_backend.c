@@ -1433,7 +1433,7 @@ static void cpu_destroy(void *state) {
 
 static void cpu_host_parallel(void *s, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
     cpu_state *st = s;
-    pool_run(st->pool, fn, ctx);
+    pool_go(st, fn, ctx); /* the idle threads keep requesting the next step's weights after it */
 }
 
 const backend_ops cpu_backend_ops = {.name = "cpu",
