@@ -490,7 +490,6 @@ static void release_text(gen *g, http_buf *out, bool final) {
         if (best != SIZE_MAX) {
             hbuf_add(out, h->p, best);
             g->released += best;
-            g->stop_cut = true;
             h->n = 0;
             g->text_done = true;
             g->finish = FIN_STOP;
@@ -522,7 +521,7 @@ static void release_text(gen *g, http_buf *out, bool final) {
 static int lp_visible_end(const gen *g, int from, int to) {
     if (!g->lp) return from;
     to = DT_MIN(to, g->max_tokens);
-    if (g->text_done && !g->stop_cut) return DT_MAX(from, to); /* all of it went out */
+    if (g->text_done && g->released == g->pushed) return DT_MAX(from, to); /* all of it went out: no cut */
     while (from < to && g->lp[from].start < g->released) from++;
     return from;
 }
@@ -840,7 +839,7 @@ static void respond_full(gen *g, http_req *r) {
 /* The byte offset of the first NUL in body[0..len) — a raw 0 byte anywhere, or a \u0000 escape
  * inside a JSON string — or -1: cJSON's strings end at a NUL (it accepts a raw one too), so such a
  * string would be cut short without a word. */
-static long json_nul_escape(const char *body, size_t len) {
+static long json_nul_at(const char *body, size_t len) {
     bool in_str = false;
     for (size_t i = 0; i < len; i++) {
         char ch = body[i];
@@ -883,7 +882,7 @@ void api_generate(api *A, http_req *r, enum met_endpoint ep) {
         api_send_error(A, r, ep, &E);
         return;
     }
-    long nul = json_nul_escape(body, len);
+    long nul = json_nul_at(body, len);
     if (nul >= 0) {
         bad(&E, NULL, "the request body holds a NUL character (\\u0000 or a 0 byte, at byte %ld), which is not accepted",
             nul);

@@ -113,7 +113,6 @@ struct gen {
     size_t lp_off; /* text_offset of the next token, in characters (completions logprobs) */
     size_t pushed;   /* bytes of decoded text so far, held or released */
     size_t released; /* bytes of text released to the client (what a stop string cut never is) */
-    bool stop_cut;   /* a stop string ended the text */
     http_buf text; /* non-streaming: the whole completion */
     /* SSE */
     bool sent_head, sse_done;
